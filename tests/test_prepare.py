@@ -1,0 +1,252 @@
+"""Tests for prepare.py: char / BPE / fineweb_edu-from-local-files preparation, codecs, errors."""
+import gzip
+import hashlib
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import prepare  # noqa: E402
+
+EOT = 50256
+# from /work/shared/data/README.md (the provenance of the shipped files), not from prepare.py
+CORPUS_SHA256 = '04decea0dd965df5e6cfc4a538b0c62623aaa3bfd848ac7fad6734e59c96624d'
+GPT2_RANKS_SHA256 = '306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930'
+
+# GPT-2 ids from independent sources: tiktoken's own tests (tests/test_encoding.py: "hello world", the
+# runs of zeros, "hello <|endoftext|>"), the Hugging Face GPT-2 docs example ("Hello, my dog is cute"),
+# and goldens produced by Hugging Face's GPT-2 tokenizer (whitespace runs, unicode, code, tabs).
+KNOWN_IDS = [
+    ("hello world", [31373, 995]),
+    ("Hello world", [15496, 995]),
+    ("hello <|endoftext|>", [31373, 220, 50256]),
+    ("0", [15]), ("0000", [2388]), ("000000000", [10535, 830]), ("0000000000000000", [25645]),
+    ("00000000000000000", [8269, 10535, 830]),
+    ("Hello, my dog is cute", [15496, 11, 616, 3290, 318, 13779]),
+    ("The quick brown fox jumps over the lazy dog.", [464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13]),
+    ("Hello<|endoftext|>world", [15496, 50256, 6894]),
+    ("isnt it", [271, 429, 340]),
+    ("  double space", [220, 4274, 2272]),
+    ("trailing   ", [9535, 4386, 220, 220, 220]),
+    ("abc123def", [39305, 10163, 4299]),
+    ("\u4F60\u597D\uFF0C\u4E16\u754C", [19526, 254, 25001, 121, 171, 120, 234, 10310, 244, 45911, 234]),
+    ("caf\u00E9 na\u00EFve", [66, 1878, 2634, 41492]),
+    ("\U0001F600 emoji", [47249, 222, 44805]),
+    ("def f(x):\n    return x+1", [4299, 277, 7, 87, 2599, 198, 220, 220, 220, 1441, 2124, 10, 16]),
+    ("1,000.50", [16, 11, 830, 13, 1120]),
+    ("a\tb", [64, 197, 65]),
+]
+
+
+def run_prepare(*args, env=None):
+    # from another cwd, to check that paths are relative to the script, not to the cwd
+    return subprocess.run([sys.executable, os.path.join(ROOT, 'prepare.py'), *args], cwd='/',
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def load(out_dir):
+    with open(os.path.join(out_dir, 'meta.pkl'), 'rb') as f:
+        meta = pickle.load(f)
+    train = np.memmap(os.path.join(out_dir, 'train.bin'), dtype=np.uint16, mode='r')
+    val = np.memmap(os.path.join(out_dir, 'val.bin'), dtype=np.uint16, mode='r')
+    return meta, train, val
+
+
+# ---------------------------------------------------------------------------- shipped files
+
+def test_shipped_corpus_matches_readme():
+    with gzip.open(os.path.join(ROOT, 'data', 'shakespeare.txt.gz'), 'rb') as f:
+        raw = f.read()
+    assert hashlib.sha256(raw).hexdigest() == CORPUS_SHA256
+    assert len(raw) == 5_057_321
+    assert len(set(raw)) == 84 and max(raw) < 128  # ASCII
+
+
+def test_shipped_gpt2_ranks_match_tiktoken_hash():
+    with open(os.path.join(ROOT, 'data', 'gpt2.tiktoken'), 'rb') as f:
+        assert hashlib.sha256(f.read()).hexdigest() == GPT2_RANKS_SHA256
+
+
+# ---------------------------------------------------------------------------- char
+
+def test_char_prep_small_text(tmp_path):
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 7
+    prepare.prepare_char(text, str(tmp_path))
+    meta, train, val = load(tmp_path)
+    chars = sorted(set(text))
+    assert meta['kind'] == 'char' and meta['vocab_size'] == len(chars)
+    assert [meta['itos'][i] for i in range(len(chars))] == chars  # sorted char vocabulary
+    assert all(meta['stoi'][c] == i for i, c in enumerate(chars))
+    assert len(train) == int(0.9 * len(text)) and len(train) + len(val) == len(text)  # first 90% / last 10%
+    encode, decode = prepare.load_codec(meta)
+    assert decode(train) == text[:len(train)] and decode(val) == text[len(train):]
+    assert encode(text) == list(train) + list(val)
+
+
+def test_char_codec_names_unknown_chars():
+    meta = {'vocab_size': 3, 'kind': 'char', 'stoi': {'a': 0, 'b': 1, ' ': 2}, 'itos': {0: 'a', 1: 'b', 2: ' '}}
+    encode, decode = prepare.load_codec(meta)
+    assert encode('ab ba') == [0, 1, 2, 1, 0] and decode([1, 0]) == 'ba'
+    with pytest.raises(ValueError) as e:
+        encode('abz Q')
+    assert 'z' in str(e.value) and 'Q' in str(e.value)
+
+
+def test_full_corpus_char_prep_skip_and_force(tmp_path, capsys):
+    t0 = time.time()
+    prepare.main(['--data_dir', str(tmp_path)])  # default dataset: shakespeare_char
+    assert time.time() - t0 < 30  # seconds, not minutes (generous: shared CPU)
+    out = tmp_path / 'shakespeare_char'
+    meta, train, val = load(out)
+    assert meta['vocab_size'] == 84 and len(train) + len(val) == 5_057_321
+    assert len(train) == int(0.9 * 5_057_321)
+    _, decode = prepare.load_codec(meta)
+    assert decode(train[:14]) == prepare.read_shakespeare()[:14]
+    good = (out / 'val.bin').read_bytes()
+    (out / 'val.bin').write_bytes(b'junk')
+    capsys.readouterr()
+    prepare.main(['shakespeare_char', '--data_dir', str(tmp_path)])  # outputs exist: skipped
+    assert (out / 'val.bin').read_bytes() == b'junk'
+    assert 'skipping' in capsys.readouterr().out
+    prepare.main(['shakespeare_char', '--data_dir', str(tmp_path), '--force'])  # redone
+    assert (out / 'val.bin').read_bytes() == good
+
+
+# ---------------------------------------------------------------------------- BPE
+
+def test_gpt2_pattern_is_tiktokens():
+    from tiktoken_ext.openai_public import r50k_pat_str  # importing it needs no network
+    assert prepare.GPT2_PAT_STR == r50k_pat_str
+
+
+@pytest.mark.parametrize('text,ids', KNOWN_IDS)
+def test_bpe_ids_match_gpt2(text, ids):
+    enc = prepare.get_gpt2_encoding()
+    assert enc.encode(text, allowed_special='all') == ids
+    assert enc.decode(ids) == text
+    encode, decode = prepare.load_codec({'vocab_size': 50257, 'kind': 'bpe', 'encoding': 'gpt2'})
+    assert encode(text) == ids and decode(ids) == text  # load_codec allows <|endoftext|>
+
+
+def test_bpe_matches_tiktoken_gpt2_when_cached():
+    # tiktoken.get_encoding('gpt2') needs the network unless its two files are already cached
+    import tempfile
+    cache = os.environ.get('TIKTOKEN_CACHE_DIR') or os.environ.get('DATA_GYM_CACHE_DIR') \
+        or os.path.join(tempfile.gettempdir(), 'data-gym-cache')
+    urls = ['https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe',
+            'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json']
+    if not all(os.path.exists(os.path.join(cache, hashlib.sha1(u.encode()).hexdigest())) for u in urls):
+        pytest.skip('tiktoken gpt2 files not cached (no network here)')
+    import tiktoken
+    ref, enc = tiktoken.get_encoding('gpt2'), prepare.get_gpt2_encoding()
+    text = prepare.read_shakespeare()[:200_000]
+    assert enc.encode_ordinary(text) == ref.encode_ordinary(text)
+
+
+def test_bpe_shakespeare_prep(tmp_path):
+    text = "ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n" * 5
+    prepare.prepare_bpe(text, str(tmp_path))
+    meta, train, val = load(tmp_path)
+    assert meta == {'vocab_size': 50257, 'kind': 'bpe', 'encoding': 'gpt2'}
+    _, decode = prepare.load_codec(meta)
+    n = int(0.9 * len(text))
+    assert decode(train) == text[:n] and decode(val) == text[n:]
+
+
+# ---------------------------------------------------------------------------- fineweb_edu from local files
+
+def test_fineweb_local_files(tmp_path):
+    import pandas as pd
+    docs = [f"Doc {i}: naïve café, the {i}th line.\nSecond line of doc {i}." for i in range(12)]
+    with open(tmp_path / 'a.jsonl', 'w') as f:
+        for d in docs[:6]:
+            f.write(json.dumps({'text': d, 'id': 'x'}) + '\n')
+    pd.DataFrame({'text': docs[6:9]}).to_parquet(tmp_path / 'b.parquet')
+    (tmp_path / 'c.txt').write_text('\n\n'.join(d.replace('\n', ' ') for d in docs[9:]))  # .txt: paragraphs
+    expect = docs[:9] + [d.replace('\n', ' ') for d in docs[9:]]
+    files = [str(tmp_path / n) for n in ('a.jsonl', 'b.parquet', 'c.txt')]
+    r = run_prepare('fineweb_edu', '--files', *files, '--data_dir', str(tmp_path / 'o1'), '--num_proc', '2')
+    assert r.returncode == 0, r.stderr
+    meta, train, val = load(tmp_path / 'o1' / 'fineweb_edu')
+    assert meta == {'vocab_size': 50257, 'kind': 'bpe', 'encoding': 'gpt2'}
+    assert len(train) > 0 and len(val) > 0
+    assert train[0] == EOT and val[0] == EOT  # eot before each document
+    assert (train == EOT).sum() + (val == EOT).sum() == len(expect)
+    _, decode = prepare.load_codec(meta)
+    assert decode(val).split('<|endoftext|>')[1:] == expect[:1]  # doc 0 (every 200th) -> val
+    assert decode(train).split('<|endoftext|>')[1:] == expect[1:]  # order kept across processes
+    # a token cap: the same stream, cut; single process gives the same ids
+    prepare.main(['fineweb_edu', '--files', *files, '--data_dir', str(tmp_path / 'o2'),
+                  '--num_proc', '1', '--num_tokens', '60'])
+    _, train2, val2 = load(tmp_path / 'o2' / 'fineweb_edu')
+    assert len(train2) + len(val2) == 60
+    assert list(val2) == list(val) and list(train2) == list(train[:60 - len(val)])
+
+
+def test_fineweb_file_without_text_column(tmp_path, capsys):
+    (tmp_path / 'bad.jsonl').write_text(json.dumps({'content': 'hi'}) + '\n')
+    with pytest.raises(SystemExit) as e:
+        prepare.main(['fineweb_edu', '--files', str(tmp_path / 'bad.jsonl'), '--data_dir', str(tmp_path)])
+    assert e.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith('error:') and "'text'" in err and len(err.splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------- errors and helpers
+
+def one_line_error(r):
+    assert r.returncode != 0 and r.stdout == ''
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: '), r.stderr
+    return lines[0]
+
+
+def test_unknown_dataset_one_line_error():
+    r = run_prepare('tinystories')
+    line = one_line_error(r)
+    assert r.returncode == 2
+    assert "unknown dataset 'tinystories'" in line and all(name in line for name in prepare.DATASETS)
+
+
+def test_missing_files_one_line_error(tmp_path):
+    line = one_line_error(run_prepare('fineweb_edu', '--files', str(tmp_path / 'nope.jsonl'),
+                                      '--data_dir', str(tmp_path)))
+    assert 'nope.jsonl' in line
+    assert not (tmp_path / 'fineweb_edu').exists()
+    line = one_line_error(run_prepare('shakespeare', '--files', str(tmp_path / 'x.txt'), '--data_dir', str(tmp_path)))
+    assert '--files' in line and 'fineweb_edu' in line
+
+
+def test_hub_unreachable_one_line_error(tmp_path):
+    # .invalid never resolves (RFC 2606), so this is "offline" on any machine, and fast
+    env = {k: v for k, v in os.environ.items() if 'proxy' not in k.lower() and k != 'HF_HUB_OFFLINE'}
+    env['HF_ENDPOINT'] = 'https://hub.invalid'
+    t0 = time.time()
+    line = one_line_error(run_prepare('fineweb_edu', '--data_dir', str(tmp_path), env=env))
+    assert time.time() - t0 < 60
+    assert 'hub' in line and '--files' in line
+
+
+def test_dataset_dir_and_names(tmp_path):
+    assert prepare.dataset_dir('shakespeare', str(tmp_path)) == str(tmp_path / 'shakespeare')
+    assert prepare.dataset_dir('shakespeare_char') == os.path.join(ROOT, 'data', 'shakespeare_char')
+    assert set(prepare.DATASETS) == {'shakespeare_char', 'shakespeare', 'fineweb_edu', 'arithmetic'}
+
+
+def test_arithmetic_dispatch(tmp_path, monkeypatch):
+    calls = []
+    fake = types.ModuleType('arithmetic')
+    fake.prepare = lambda out_dir, **kw: calls.append((out_dir, kw))
+    monkeypatch.setitem(sys.modules, 'arithmetic', fake)
+    prepare.main(['arithmetic', '--data_dir', str(tmp_path), '--samples', '123', '--seed', '7', '--force'])
+    prepare.main(['arithmetic', '--data_dir', str(tmp_path)])
+    assert calls == [(str(tmp_path / 'arithmetic'), {'samples': 123, 'seed': 7, 'force': True}),
+                     (str(tmp_path / 'arithmetic'), {'seed': 1337, 'force': False})]
