@@ -135,9 +135,12 @@ class Route(torch.autograd.Function):
         # Each layer's Route takes the previous one's zero-size `order` output, so autograd
         # runs these backwards from the top layer down: when layer l gets here every later
         # layer has already added its share to the rows of layer l. Accumulate in place.
-        if buffer.grad is None:
-            buffer.grad = torch.zeros_like(buffer.data)
-        buffer.grad[:S].addmm_(router.t().to(g.dtype), g)
+        if buffer.grad is None and S == buffer.data.size(0):  # the top layer: its rows are all rows
+            buffer.grad = router.t().to(g.dtype) @ g
+        else:
+            if buffer.grad is None:
+                buffer.grad = torch.zeros_like(buffer.data)
+            buffer.grad[:S].addmm_(router.t().to(g.dtype), g)
         grad_kv = buffer.grad[S - n_kv:S].view(n_kv, 2, B, T, d).permute(2, 3, 1, 0, 4)
         if S == n_kv:  # layer 0 is the last to run: release the buffer's gradient
             buffer.grad = None

@@ -1,0 +1,19 @@
+# The CPU target (iii): d=256, 8 layers, 8 heads, 2 KV heads (GQA); fp32, eager, batch 8, T 256, vocab 256.
+# Target: LIMe/baseline step time <= 1.03x, memory <= 1.15x.
+# $ python bench.py config/bench_cpu_iii.py [--threads=2]
+n_layer = 8
+n_head = 8
+n_kv_head = 2
+n_embd = 256
+vocab_size = 256
+block_size = 256
+batch_size = 8
+dtype = 'float32'
+compile = False
+device = 'cpu'
+variants = 'baseline,lime'
+warmup = 3
+iters = 30
+decode_tokens = 512
+decode_batch = 1
+decode_iters = 1
