@@ -326,6 +326,8 @@ class GPT(nn.Module):
         kv_buffer = KVBuffer(self.config.n_layer, self.config.router == "dynamic") if self.config.lime else None
         for block in self.transformer.h:
             x = block(x, self.rope, kv_buffer, cache)
+        if kv_buffer is not None:  # the graph refers to the buffer: drop its references back, or it leaks
+            kv_buffer.order = kv_buffer.sources = None
         if self.config.hc:
             x = x.sum(dim=2)
         x = self.transformer.ln_f(x)
