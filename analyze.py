@@ -427,8 +427,9 @@ def plot_curves(plt, logs, xkey, xlabel, path):
     fig, ax = plt.subplots(figsize=(6, 4))
     any_line = False
     for i, (name, rows) in enumerate(logs.items()):
-        pts = [(r[xkey], r['loss']) for r in rows if r.get(xkey) is not None and r.get('loss') is not None]
-        vpts = [(r[xkey], r['val_loss']) for r in rows if r.get(xkey) is not None and r.get('val_loss') is not None]
+        # x > 0 only: the x axis is logarithmic and the iter-0 evaluation sits at 0 FLOPs / tokens
+        pts = [(r[xkey], r['loss']) for r in rows if (r.get(xkey) or 0) > 0 and r.get('loss') is not None]
+        vpts = [(r[xkey], r['val_loss']) for r in rows if (r.get(xkey) or 0) > 0 and r.get('val_loss') is not None]
         color = f'C{i % 10}'
         if pts:
             line, = ax.plot(*zip(*pts), alpha=0.4, lw=1, color=color)

@@ -135,11 +135,9 @@ class Route(torch.autograd.Function):
         # Each layer's Route takes the previous one's zero-size `order` output, so autograd
         # runs these backwards from the top layer down: when layer l gets here every later
         # layer has already added its share to the rows of layer l. Accumulate in place.
-        if buffer.grad is None and S == buffer.data.size(0):  # the top layer: its rows are all rows
+        if buffer.grad is None:  # the first (top) layer to get here: lower layers use a prefix of its rows
             buffer.grad = router.t().to(g.dtype) @ g
         else:
-            if buffer.grad is None:
-                buffer.grad = torch.zeros_like(buffer.data)
             buffer.grad[:S].addmm_(router.t().to(g.dtype), g)
         grad_kv = buffer.grad[S - n_kv:S].view(n_kv, 2, B, T, d).permute(2, 3, 1, 0, 4)
         if S == n_kv:  # layer 0 is the last to run: release the buffer's gradient
@@ -400,14 +398,9 @@ class GPT(nn.Module):
                 groups["no_decay"].append(p)
             else:
                 groups["decay"].append(p)
-        param_groups = [
-            dict(name="decay", params=groups["decay"], weight_decay=weight_decay, lr=learning_rate),
-            dict(name="no_decay", params=groups["no_decay"], weight_decay=0.0, lr=learning_rate),
-            dict(name="router", params=groups["router"], weight_decay=0.0, lr=router_lr),
-        ]
-        param_groups = [g for g in param_groups if g["params"]]
-        for g in param_groups:
-            g["peak_lr"] = g["lr"]
+        settings = dict(decay=(weight_decay, learning_rate), no_decay=(0.0, learning_rate), router=(0.0, router_lr))
+        param_groups = [dict(name=name, params=groups[name], weight_decay=wd, lr=lr, peak_lr=lr)
+                        for name, (wd, lr) in settings.items() if groups[name]]
         return torch.optim.AdamW(param_groups, betas=betas, eps=eps, fused=device_type == "cuda")
 
 
