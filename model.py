@@ -109,7 +109,12 @@ class KVBuffer:
 
 
 class Route(torch.autograd.Function):
-    """eq. (2) as one matmul: [k~ | v~] = R @ buffer[:S], the same R for K and V."""
+    """eq. (2): [k~ | v~] = R @ buffer[:S], the same R for K and V.
+
+    A matmul with only H_kv output rows runs on one core in BLAS, so it is batched over
+    the 2*B (k|v, sequence) blocks of each row: bmm, which also yields k~, v~ directly
+    in attention's (B, H_kv, T, d_h) layout.
+    """
 
     @staticmethod
     def forward(ctx, kv, router, order, buffer):  # kv: (B, T, 2, H_kv, d_h); router: (H_kv, S)
@@ -123,22 +128,28 @@ class Route(torch.autograd.Function):
         sources = buffer.data.data[:S]
         ctx.save_for_backward(router, sources)
         ctx.buffer, ctx.shape, ctx.has_order = buffer, kv.shape, order is not None
-        return (router.to(sources.dtype) @ sources).view(n_kv, 2, B, T, d), kv.new_empty(0)
+        blocks = sources.view(S, 2 * B, T * d).transpose(0, 1)          # (2B, S, T*d)
+        routed = torch.bmm(router.to(sources.dtype).expand(2 * B, n_kv, S), blocks)
+        return routed.view(2, B, n_kv, T, d), kv.new_empty(0)
 
     @staticmethod
     def backward(ctx, grad_out, _):
         router, sources = ctx.saved_tensors
         buffer, (B, T, _, n_kv, d) = ctx.buffer, ctx.shape
         S = router.size(1)
-        g = grad_out.reshape(n_kv, -1)
-        grad_router = (g @ sources.t()).to(router.dtype) if ctx.needs_input_grad[1] else None
+        g = grad_out.reshape(2 * B, n_kv, T * d)
+        blocks = sources.view(S, 2 * B, T * d).transpose(0, 1)          # (2B, S, T*d)
+        grad_router = None
+        if ctx.needs_input_grad[1]:
+            grad_router = torch.bmm(g, blocks.transpose(1, 2)).sum(0).to(router.dtype)
         # Each layer's Route takes the previous one's zero-size `order` output, so autograd
         # runs these backwards from the top layer down: when layer l gets here every later
         # layer has already added its share to the rows of layer l. Accumulate in place.
-        if buffer.grad is None:  # the first (top) layer to get here: lower layers use a prefix of its rows
-            buffer.grad = router.t().to(g.dtype) @ g
-        else:
-            buffer.grad[:S].addmm_(router.t().to(g.dtype), g)
+        first = buffer.grad is None  # the top layer: lower layers use a prefix of its rows
+        if first:
+            buffer.grad = torch.empty_like(sources)
+        grad_blocks = buffer.grad[:S].view(S, 2 * B, T * d).transpose(0, 1)
+        grad_blocks.baddbmm_(router.t().to(g.dtype).expand(2 * B, S, n_kv), g, beta=0 if first else 1)
         grad_kv = buffer.grad[S - n_kv:S].view(n_kv, 2, B, T, d).permute(2, 3, 1, 0, 4)
         if S == n_kv:  # layer 0 is the last to run: release the buffer's gradient
             buffer.grad = None
@@ -148,8 +159,8 @@ class Route(torch.autograd.Function):
 @torch.compiler.disable  # the in-place buffer is outside what dynamo traces; graphs break around it
 def lime_route(kv, router, delta, buffer):
     """Routed keys and values (B, H_kv, T, d_h) of one layer; delta: per-token router offsets or None."""
-    routed, buffer.order = Route.apply(kv, router, buffer.order, buffer)  # routed: (H_kv, 2, B, T, d_h)
-    k, v = routed[:, 0].transpose(0, 1), routed[:, 1].transpose(0, 1)
+    routed, buffer.order = Route.apply(kv, router, buffer.order, buffer)  # routed: (2, B, H_kv, T, d_h)
+    k, v = routed[0], routed[1]
     if buffer.sources is not None:
         buffer.sources.append(kv)
     if delta is not None:  # dynamic router: per-token R(x_t) = R + delta(x_t), plain autograd
