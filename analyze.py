@@ -611,9 +611,13 @@ def main(argv=None):
     pts = [s for s in sweep if s[2] is not None and s[3] is not None]
     if plt is not None and len(pts) >= 2:
         fig, ax = plt.subplots(figsize=(5, 3.6))
-        for fam in sorted({s[1] for s in pts}):
+        for i, fam in enumerate(sorted({s[1] for s in pts})):
             xs = sorted((s[2], s[3]) for s in pts if s[1] == fam)
-            ax.plot(*zip(*xs), marker='o', label=fam)
+            depths = sorted({x for x, _ in xs})  # several runs (seeds) per depth: line through the means
+            means = [sum(y for x, y in xs if x == d) / sum(1 for x, _ in xs if x == d) for d in depths]
+            ax.plot(depths, means, marker='o', color=f'C{i % 10}', label=f'{fam} (mean)')
+            if len(xs) > len(depths):
+                ax.scatter(*zip(*xs), s=14, alpha=0.5, color=f'C{i % 10}')
         ax.set_xlabel('n_layer')
         ax.set_ylabel('final val loss')
         ax.grid(alpha=0.3)
