@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ROUTERS = "full, average, dynamic, last-<j>, first-<j>"
+GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16, for MFU
 
 
 @dataclass
@@ -94,11 +95,10 @@ class RoPE(nn.Module):
 class KVBuffer:
     """The stacked KV buffer, one per forward pass.
 
-    Row s holds [k | v] of source s for all N = B*T tokens: shape (L * H_kv, 2 * N * d_h),
-    the authors' layout (App. E). Each layer writes its rows once and routes over the
-    first (l+1) * H_kv rows with one matmul, so nothing is concatenated per layer and the
-    activations kept for backward grow as O(L), not O(L^2) as in the authors' eager code.
-    """
+    Row s holds [k | v] of source s for all N = B*T tokens: (L * H_kv, 2 * N * d_h), the
+    authors' layout (App. E). Each layer writes its rows once and routes over the first
+    (l+1) * H_kv rows, so nothing is concatenated per layer: activations kept for backward
+    grow as O(L), not O(L^2) as in the authors' eager code."""
 
     def __init__(self, n_layer, keep_sources=False):
         self.n_layer = n_layer
@@ -109,12 +109,9 @@ class KVBuffer:
 
 
 class Route(torch.autograd.Function):
-    """eq. (2): [k~ | v~] = R @ buffer[:S], the same R for K and V.
-
-    A matmul with only H_kv output rows runs on one core in BLAS, so it is batched over
-    the 2*B (k|v, sequence) blocks of each row: bmm, which also yields k~, v~ directly
-    in attention's (B, H_kv, T, d_h) layout.
-    """
+    """eq. (2): [k~ | v~] = R @ buffer[:S], the same R for K and V. Batched (bmm) over the
+    2*B (k|v, sequence) blocks of each row: BLAS runs an H_kv-row matmul on one core, and
+    this way k~, v~ come out in attention's (B, H_kv, T, d_h) layout."""
 
     @staticmethod
     def forward(ctx, kv, router, order, buffer):  # kv: (B, T, 2, H_kv, d_h); router: (H_kv, S)
@@ -146,8 +143,7 @@ class Route(torch.autograd.Function):
         # runs these backwards from the top layer down: when layer l gets here every later
         # layer has already added its share to the rows of layer l. Accumulate in place.
         first = buffer.grad is None  # the top layer: lower layers use a prefix of its rows
-        if first:
-            buffer.grad = torch.empty_like(sources)
+        buffer.grad = torch.empty_like(sources) if first else buffer.grad
         grad_blocks = buffer.grad[:S].view(S, 2 * B, T * d).transpose(0, 1)
         grad_blocks.baddbmm_(router.t().to(g.dtype).expand(2 * B, S, n_kv), g, beta=0 if first else 1)
         grad_kv = buffer.grad[S - n_kv:S].view(n_kv, 2, B, T, d).permute(2, 3, 1, 0, 4)
@@ -413,9 +409,6 @@ class GPT(nn.Module):
         param_groups = [dict(name=name, params=groups[name], weight_decay=wd, lr=lr, peak_lr=lr)
                         for name, (wd, lr) in settings.items() if groups[name]]
         return torch.optim.AdamW(param_groups, betas=betas, eps=eps, fused=device_type == "cuda")
-
-
-GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16
 
 
 # ----------------------------------------------------------------------------- Hyper-Connections
