@@ -143,7 +143,8 @@ class Route(torch.autograd.Function):
         # runs these backwards from the top layer down: when layer l gets here every later
         # layer has already added its share to the rows of layer l. Accumulate in place.
         first = buffer.grad is None  # the top layer: lower layers use a prefix of its rows
-        buffer.grad = torch.empty_like(sources) if first else buffer.grad
+        if first:
+            buffer.grad = torch.empty_like(sources)  # baddbmm_ with beta=0 overwrites it
         grad_blocks = buffer.grad[:S].view(S, 2 * B, T * d).transpose(0, 1)
         grad_blocks.baddbmm_(router.t().to(g.dtype).expand(2 * B, S, n_kv), g, beta=0 if first else 1)
         grad_kv = buffer.grad[S - n_kv:S].view(n_kv, 2, B, T, d).permute(2, 3, 1, 0, 4)
@@ -171,7 +172,7 @@ class Router(nn.Module):
 
     def __init__(self, config, layer):
         super().__init__()
-        n_kv, self.layer, self.variant = config.n_kv_head, layer, config.router
+        n_kv, self.layer = config.n_kv_head, layer
         self.layers = router_layers(config.router, layer)
         n_src = len(self.layers) * n_kv
         if config.router == "average":  # fixed: head h averages head h over layers 0..l
