@@ -4,6 +4,7 @@ Representation-collapse and training-curve analysis of trained runs
 
 $ python analyze.py out-lime out-base [--save_dir=DIR] [--device=cpu] [--num_tokens=4096]
                     [--probe_words=is,are,was,were] [--max_per_word=400] [--data_dir=data]
+$ python analyze.py out-results/sc-* --no_model=True --save_dir=DIR   # curves and depth sweep only
 
 For every out_dir with a ckpt.pt ('model_args', 'model', 'config' incl. 'dataset'),
 on the dataset's val.bin (data/<dataset>/, read with meta.pkl):
@@ -35,12 +36,10 @@ else per-run files into each out_dir and combined files into the first out_dir.
 Without matplotlib only CSV/JSON are written.
 """
 
-import argparse
 import csv
 import json
 import math
 import os
-import pickle
 import re
 import sys
 
@@ -48,7 +47,26 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from common import CKPT_NAME, UserError, configure, data_info, load_checkpoint, load_codec, load_model, \
+    resolve_device
+from model import route_reference
+
+# config: the bare words are the out_dirs, the rest --key=value (or a config file)
+save_dir = ''          # '' = per-run files into each out_dir, combined files into the first
+device = 'cpu'
+num_tokens = 4096      # validation tokens for the entropy
+alpha = 0.99           # Renyi entropy order
+probe_words = ''       # '' = is,are,was,were (arithmetic: 1,2,3,4)
+max_per_word = 400     # occurrences per word for the probe
+folds = 5
+probe_iters = 100      # L-BFGS iterations per probe fit
+context = 0            # window length for the entropy; 0 = block_size
+probe_context = 128    # tokens of context before each probed word
+batch_size = 16
+data_dir = ''          # root holding <dataset>/; '' = the checkpoint config's data_dir, else data/
+dataset = ''           # '' = each checkpoint's own dataset
+no_model = False       # only the loss curves and the depth sweep
+seed = 0
 
 # ----------------------------------------------------------------------------- pure functions
 
@@ -75,51 +93,25 @@ def renyi_entropy(Z, alpha=0.99):
     return float(torch.log((p ** alpha).sum()) / (1 - alpha))
 
 
-def _router_matrix(attn):
-    """The effective full H_kv x (l+1)*H_kv router of one attention module, or None."""
-    for owner in (attn, getattr(attn, 'router', None)):
-        if owner is None:
-            continue
-        for name in ('router_matrix', 'matrix'):
-            fn = getattr(owner, name, None)
-            if callable(fn):
-                return fn().detach()
-    r = getattr(attn, 'router', None)
-    if torch.is_tensor(r):
-        return r.detach()
-    w = getattr(r, 'weight', None)
-    if torch.is_tensor(w):
-        return w.detach()
-    for name, p in attn.named_parameters():
-        if 'router' in name and p.dim() == 2:
-            return p.detach()
-    return None
-
-
 def router_map(model):
     """L x L array M (rows: layer l, columns: source layer j <= l; zeros above the
     diagonal): M[l, j] = mean over target and source heads of |R^l[h, j*H_kv + h']|,
     each row normalised to sum 1. Row 0 is [1, 0, ...] (layer 0 reads only its
     own keys and values). None for a model without routers.
     For the dynamic router this is its static part."""
+    if not model.config.lime:
+        return None
     blocks = model.transformer.h
     L = len(blocks)
     M = np.zeros((L, L))
     M[0, 0] = 1.0
-    found = False
     for l in range(1, L):
-        R = _router_matrix(blocks[l].attn)
-        if R is None:
-            continue
-        found = True
-        R = R.abs().double().cpu()
+        R = blocks[l].attn.router.matrix().detach().abs().double().cpu()  # (H_kv, (l+1)*H_kv)
         n_kv = R.shape[0]
-        if R.shape[1] != (l + 1) * n_kv:
-            raise ValueError(f'layer {l}: router of shape {tuple(R.shape)}, expected ({n_kv}, {(l + 1) * n_kv})')
         per_layer = R.view(n_kv, l + 1, n_kv).mean(dim=(0, 2)).numpy()
         s = per_layer.sum()
         M[l, :l + 1] = per_layer / s if s > 0 else 1.0 / (l + 1)
-    return M if found else None
+    return M
 
 
 def _folds(y, folds, seed):
@@ -172,39 +164,7 @@ def probe_accuracy(X, y, folds=5, seed=0, l2=1e-3, max_iter=100):
     return float(np.mean(accs)), float(np.std(accs))
 
 
-# ----------------------------------------------------------------------------- loading
-
-
-def load_meta(dataset, data_dir=None):
-    path = os.path.join(data_dir or os.path.join(HERE, 'data'), dataset)
-    with open(os.path.join(path, 'meta.pkl'), 'rb') as f:
-        meta = pickle.load(f)
-    return path, meta
-
-
-def get_codec(meta):
-    try:
-        from prepare import load_codec
-        return load_codec(meta)
-    except ImportError:  # pragma: no cover - prepare.py missing
-        if 'stoi' in meta:
-            stoi, itos = meta['stoi'], meta['itos']
-            return (lambda s: [stoi[c] for c in s]), (lambda ids: ''.join(itos[int(i)] for i in ids))
-        raise
-
-
-def load_run(out_dir, device='cpu'):
-    """(model or None, ckpt dict or None)."""
-    path = os.path.join(out_dir, 'ckpt.pt')
-    if not os.path.exists(path):
-        return None, None
-    from model import GPT, GPTConfig
-    ckpt = torch.load(path, map_location=device, weights_only=False)
-    model = GPT(GPTConfig(**ckpt['model_args']))
-    sd = {k[len('_orig_mod.'):] if k.startswith('_orig_mod.') else k: v for k, v in ckpt['model'].items()}
-    model.load_state_dict(sd)
-    model.to(device).eval()
-    return model, ckpt
+# ----------------------------------------------------------------------------- runs
 
 
 def read_log(out_dir):
@@ -235,68 +195,68 @@ def family(model_args):
 
 
 class Recorder:
-    """Forward hooks capturing, per layer, W_V outputs ('values') and block outputs ('hidden')."""
+    """Forward hooks capturing, per layer, the values (W_V's output: the v half of attn.kv_proj),
+    the routed values (what a static LIMe router makes attention read) and the block outputs."""
 
     def __init__(self, model):
-        self.model, self.handles, self.keep = model, [], None
-        self.store = {'values': {}, 'hidden': {}}
+        self.model, self.keep = model, None
+        self.handles = []
         for l, block in enumerate(model.transformer.h):
-            attn = block.attn
-            if hasattr(attn, 'v_proj'):
-                self.handles.append(attn.v_proj.register_forward_hook(self._hook('values', l, None)))
-            elif hasattr(attn, 'kv_proj'):  # fused [k | v]: (B, T, 2 * H_kv * d_h)
-                self.handles.append(attn.kv_proj.register_forward_hook(self._hook('values', l, 'kv')))
-            self.handles.append(block.register_forward_hook(self._hook('hidden', l, 'block')))
+            self.handles.append(block.attn.kv_proj.register_forward_hook(self._hook('kv', l)))
+            self.handles.append(block.register_forward_hook(self._hook('hidden', l)))
 
-    def _hook(self, kind, layer, how):
+    def _hook(self, kind, layer):
         def fn(module, inp, out):
-            if isinstance(out, (tuple, list)):
-                out = out[0]
-            if how == 'kv':
-                out = out.view(*out.shape[:2], 2, -1)[:, :, 1]
-            elif how == 'block' and out.dim() == 4:  # hyper-connections: (B, T, n, d) streams, summed
+            if kind == 'kv':  # fused [k | v]: (B, T, 2 * H_kv * d_h)
+                n_kv = self.model.config.n_kv_head
+                out = out.view(*out.shape[:2], 2, n_kv, -1)
+            elif out.dim() == 4:  # hyper-connections: (B, T, n, d) streams, summed
                 out = out.sum(2)
             out = out.detach()
             if self.keep is not None:  # one position per sequence
                 out = out[torch.arange(out.size(0), device=out.device), self.keep]
             else:
-                out = out.reshape(-1, out.size(-1))
+                out = out.flatten(0, 1)
             self.store[kind].setdefault(layer, []).append(out.float().cpu())
         return fn
 
     def run(self, windows, keep=None, batch_size=16):
-        """windows: LongTensor (n, T); keep: LongTensor (n,) positions, or None for all."""
-        self.store = {'values': {}, 'hidden': {}}
+        """windows: LongTensor (n, T); keep: LongTensor (n,) positions, or None for all.
+        Returns {kind: per-layer (N, features)} for kind in values, routed_values (static
+        LIMe routers only), hidden."""
+        self.store = {'kv': {}, 'hidden': {}}
         device = next(self.model.parameters()).device
         with torch.no_grad():
             for i in range(0, len(windows), batch_size):
                 self.keep = None if keep is None else keep[i:i + batch_size].to(device)
-                idx = windows[i:i + batch_size].to(device)
-                self.model(idx)  # hooks see every position; only the logits are cut
+                self.model(windows[i:i + batch_size].to(device))  # hooks see every position
         self.keep = None
         L = len(self.model.transformer.h)
-        return {k: [torch.cat(v[l]) for l in range(L)] for k, v in self.store.items() if v}
+        kv = [torch.cat(self.store['kv'][l]) for l in range(L)]  # (N, 2, H_kv, d_h)
+        reps = {'values': [x[:, 1].flatten(1) for x in kv]}
+        rv = routed_values(self.model, kv)
+        if rv is not None:
+            reps['routed_values'] = rv
+        reps['hidden'] = [torch.cat(self.store['hidden'][l]) for l in range(L)]
+        return reps
 
     def close(self):
         for h in self.handles:
             h.remove()
 
 
-def routed_values(model, values):
-    """Values as attention reads them for static LIMe routers: v~_l[h] = sum_s R^l[h, s] v_s.
-    values: list over layers of (N, H_kv * d_h). None for non-LIMe or dynamic routers."""
-    cfg = model.config
-    if not getattr(cfg, 'lime', False) or getattr(cfg, 'router', 'full') == 'dynamic':
+def routed_values(model, kv):
+    """The values attention reads under a static LIMe router: v~_l[h] = sum_s R^l[h, s] v_s
+    (eq. 2, model.route_reference). kv: per layer the recorded [k; v] (N, 2, H_kv, d_h).
+    Per layer (N, H_kv * d_h); None for the baseline or a dynamic (per-token) router."""
+    if not model.config.lime or model.config.router == 'dynamic':
         return None
-    n_kv = cfg.n_kv_head
-    vs = [v.view(v.size(0), n_kv, -1).double() for v in values]
-    out = [values[0]]
-    for l in range(1, len(vs)):
-        R = _router_matrix(model.transformer.h[l].attn)
-        if R is None:
-            return None
-        src = torch.cat(vs[:l + 1], dim=1)  # (N, (l+1)*H_kv, d_h), source order j*H_kv + h
-        out.append(torch.einsum('hs,nsd->nhd', R.double().cpu(), src).reshape(src.size(0), -1).float())
+    out = [kv[0][:, 1].flatten(1)]  # layer 0 reads its own values
+    for l in range(1, len(kv)):
+        R = model.transformer.h[l].attn.router.matrix().detach().double().cpu()
+        # the stacked KV buffer (2, B, S, T, d_h), each recorded position a sequence of length 1
+        sources = torch.cat(kv[:l + 1], dim=2).permute(1, 0, 2, 3).unsqueeze(3).double()
+        out.append(route_reference(R, sources)[1].flatten(1).float())
     return out
 
 
@@ -348,10 +308,6 @@ def separability(recorder, val, positions, T, max_per_word, folds=5, seed=0, max
            'context': int(T), 'position': 'char-level: last character of the word; bpe: the word token'}
     for kind, per_layer in reps.items():
         res[kind] = [probe_accuracy(Z.numpy(), y, folds=folds, seed=seed, max_iter=max_iter) for Z in per_layer]
-    rv = routed_values(recorder.model, reps['values']) if 'values' in reps else None
-    if rv is not None:
-        res['routed_values'] = [probe_accuracy(Z.numpy(), y, folds=folds, seed=seed, max_iter=max_iter)
-                                for Z in rv]
     return res
 
 
@@ -452,6 +408,24 @@ def plot_curves(plt, logs, xkey, xlabel, path):
     plt.close(fig)
 
 
+def plot_depth_sweep(plt, pts, path):
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    for i, fam in enumerate(sorted({s[1] for s in pts})):
+        xs = sorted((s[2], s[3]) for s in pts if s[1] == fam)
+        depths = sorted({x for x, _ in xs})  # several runs (seeds) per depth: line through the means
+        means = [sum(y for x, y in xs if x == d) / sum(1 for x, _ in xs if x == d) for d in depths]
+        ax.plot(depths, means, marker='o', color=f'C{i % 10}', label=f'{fam} (mean)')
+        if len(xs) > len(depths):
+            ax.scatter(*zip(*xs), s=14, alpha=0.5, color=f'C{i % 10}')
+    ax.set_xlabel('n_layer')
+    ax.set_ylabel('final val loss')
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def final_val_loss(rows, ckpt):
     vals = [r['val_loss'] for r in rows if r.get('val_loss') is not None]
     if vals:
@@ -464,100 +438,80 @@ def final_val_loss(rows, ckpt):
 # ----------------------------------------------------------------------------- main
 
 
-def analyze_run(out_dir, model, ckpt, args):
-    cfg = ckpt.get('config') or {}
-    dataset = args.dataset or cfg.get('dataset')
-    res = {'run': None, 'out_dir': out_dir, 'dataset': dataset, 'model_args': ckpt['model_args'],
+def analyze_run(out_dir, model, ckpt):
+    """Router map, entropy and separability of one run on its dataset's validation split."""
+    cfg = ckpt['config']
+    ds = dataset or cfg.get('dataset')
+    res = {'run': None, 'out_dir': out_dir, 'dataset': ds, 'model_args': ckpt['model_args'],
            'family': family(ckpt['model_args'])}
     M = router_map(model)
     res['router_map'] = None if M is None else M.tolist()
-    if not dataset:
+    if not ds:
         res['skipped'] = 'no dataset in ckpt config (pass --dataset)'
         return res
     try:
-        data_path, meta = load_meta(dataset, args.data_dir or cfg.get('data_dir') or None)
-    except FileNotFoundError as e:
-        res['skipped'] = f'{e.filename} not found (python prepare.py {dataset}, or --data_dir)'
-        print(f'{out_dir}: {res["skipped"]}; router map only')
+        ddir, meta, _ = data_info(ds, data_dir or cfg.get('data_dir') or '')
+    except UserError as e:
+        res['skipped'] = str(e)
+        print(f'{out_dir}: {e}; router map only')
         return res
-    val = np.memmap(os.path.join(data_path, 'val.bin'), dtype=np.uint16, mode='r')
-    T = min(model.config.block_size, args.context or model.config.block_size, len(val) - 1)
+    ckpt['meta'] = ckpt.get('meta') or meta  # older checkpoints carry no vocabulary: the dataset's
+    encode, decode = load_codec(ckpt)
+    val = np.memmap(os.path.join(ddir, 'val.bin'), dtype=np.uint16, mode='r')
+    T = min(model.config.block_size, context or model.config.block_size, len(val) - 1)
     rec = Recorder(model)
     try:
-        reps = rec.run(entropy_windows(val, T, args.num_tokens), batch_size=args.batch_size)
-        ent = {k: [renyi_entropy(Z[:args.num_tokens], args.alpha) for Z in v] for k, v in reps.items()}
-        rv = routed_values(model, reps['values']) if 'values' in reps else None
-        if rv is not None:
-            ent['routed_values'] = [renyi_entropy(Z[:args.num_tokens], args.alpha) for Z in rv]
-        res['entropy'] = ent
-        res['entropy_tokens'] = int(min(args.num_tokens, len(reps['hidden'][0])))
-        res['alpha'] = args.alpha
-        words = args.probe_words
-        if not words:
-            words = '1,2,3,4' if dataset.startswith('arithmetic') else 'is,are,was,were'
-        words = [w for w in words.split(',') if w]
-        encode, decode = get_codec(meta)
-        positions = find_word_positions(val, meta, encode, decode, words)
-        res['separability'] = separability(rec, val, positions, min(T, args.probe_context or T),
-                                           args.max_per_word, folds=args.folds, seed=args.seed,
-                                           max_iter=args.probe_iters)
+        reps = rec.run(entropy_windows(val, T, num_tokens), batch_size=batch_size)
+        res['entropy'] = {k: [renyi_entropy(Z[:num_tokens], alpha) for Z in v] for k, v in reps.items()}
+        res['entropy_tokens'] = int(min(num_tokens, len(reps['hidden'][0])))
+        res['alpha'] = alpha
+        words = probe_words or ('1,2,3,4' if ds.startswith('arithmetic') else 'is,are,was,were')
+        positions = find_word_positions(val, ckpt['meta'], encode, decode, [w for w in words.split(',') if w])
+        res['separability'] = separability(rec, val, positions, min(T, probe_context or T), max_per_word,
+                                           folds=folds, seed=seed, max_iter=probe_iters)
     finally:
         rec.close()
     return res
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('out_dirs', nargs='+')
-    p.add_argument('--save_dir', default='')
-    p.add_argument('--device', default='cpu')
-    p.add_argument('--num_tokens', type=int, default=4096, help='validation tokens for the entropy')
-    p.add_argument('--alpha', type=float, default=0.99)
-    p.add_argument('--probe_words', default='', help="default: is,are,was,were (arithmetic: 1,2,3,4)")
-    p.add_argument('--max_per_word', type=int, default=400)
-    p.add_argument('--folds', type=int, default=5)
-    p.add_argument('--probe_iters', type=int, default=100, help='L-BFGS iterations per probe fit')
-    p.add_argument('--context', type=int, default=0, help='window length (default block_size)')
-    p.add_argument('--probe_context', type=int, default=128, help='context before each probed word')
-    p.add_argument('--batch_size', type=int, default=16)
-    p.add_argument('--data_dir', default=None,
-                   help="root holding <dataset>/ (default: the checkpoint config's data_dir, else ./data)")
-    p.add_argument('--dataset', default=None, help='override the dataset of the checkpoints')
-    p.add_argument('--no_model', action='store_true', help='only the loss curves / depth sweep')
-    p.add_argument('--seed', type=int, default=0)
-    args = p.parse_args(argv)
-    torch.manual_seed(args.seed)
+if __name__ == '__main__':
+    # the bare words are the runs to analyze: python analyze.py out-lime out-base --save_dir=...
+    out_dirs = [a for a in sys.argv[1:] if not a.startswith('--') and not a.endswith('.py')]
+    configure(globals(), [a for a in sys.argv[1:] if a not in out_dirs])
+    if not out_dirs:
+        raise UserError("name the runs to analyze: python analyze.py out-lime out-base [--key=value ...]")
+    torch.manual_seed(seed)
+    device = resolve_device(device)
     plt = get_plt()
     if plt is None:
         print('matplotlib not found: writing CSV/JSON only (pip install matplotlib for pictures)')
-    names = [os.path.basename(os.path.normpath(d)) for d in args.out_dirs]
+    names = [os.path.basename(os.path.normpath(d)) for d in out_dirs]
     if len(set(names)) < len(names):
-        names = [os.path.normpath(d).strip(os.sep).replace(os.sep, '_') for d in args.out_dirs]
-    combined_dir = args.save_dir or args.out_dirs[0]
+        names = [os.path.normpath(d).strip(os.sep).replace(os.sep, '_') for d in out_dirs]
+    combined_dir = save_dir or out_dirs[0]
     os.makedirs(combined_dir, exist_ok=True)
 
     def run_path(i, fname):
-        if args.save_dir:
-            return os.path.join(args.save_dir, f'{names[i]}_{fname}')
-        return os.path.join(args.out_dirs[i], fname)
+        return os.path.join(save_dir, f'{names[i]}_{fname}') if save_dir else os.path.join(out_dirs[i], fname)
 
     results, logs, sweep = [], {}, []
-    for i, out_dir in enumerate(args.out_dirs):
+    for i, out_dir in enumerate(out_dirs):
         rows = read_log(out_dir)
         if rows:
             logs[names[i]] = rows
-        model, ckpt = (None, None) if args.no_model else load_run(out_dir, args.device)
-        if ckpt is None and not args.no_model:
+        model, ckpt = None, None
+        if not os.path.exists(os.path.join(out_dir, CKPT_NAME)):
             print(f'{out_dir}: no ckpt.pt, curves only')
-        if ckpt is None and os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
-            ckpt = torch.load(os.path.join(out_dir, 'ckpt.pt'), map_location='cpu', weights_only=False)
+        elif no_model:
+            ckpt = load_checkpoint(os.path.join(out_dir, CKPT_NAME))
+        else:
+            model, ckpt = load_model(out_dir, device)
         margs = (ckpt or {}).get('model_args') or {}
         sweep.append([names[i], family(margs), margs.get('n_layer'), final_val_loss(rows, ckpt),
                       rows[-1].get('flops') if rows else None])
         if model is None:
             continue
-        res = analyze_run(out_dir, model, ckpt, args)
+        res = analyze_run(out_dir, model, ckpt)
         res['run'] = names[i]
         results.append(res)
         with open(run_path(i, 'analysis.json'), 'w') as f:
@@ -595,9 +549,9 @@ def main(argv=None):
         write_csv(os.path.join(combined_dir, 'separability.csv'),
                   ['run', 'family', 'kind', 'layer', 'accuracy', 'std', 'n_per_word'], rows)
         if plt is not None:
-            plot_per_layer(plt, results, 'entropy', f'Renyi entropy (alpha={args.alpha})',
+            plot_per_layer(plt, results, 'entropy', f'Renyi entropy (alpha={alpha})',
                            os.path.join(combined_dir, 'entropy.png'))
-            plot_per_layer(plt, results, 'separability', f'{args.folds}-fold probe accuracy',
+            plot_per_layer(plt, results, 'separability', f'{folds}-fold probe accuracy',
                            os.path.join(combined_dir, 'separability.png'), with_std=True)
     if logs:
         keys = ['iter', 'tokens', 'flops', 'loss', 'val_loss', 'lr']
@@ -610,28 +564,9 @@ def main(argv=None):
               ['run', 'family', 'n_layer', 'final_val_loss', 'flops'], sweep)
     pts = [s for s in sweep if s[2] is not None and s[3] is not None]
     if plt is not None and len(pts) >= 2:
-        fig, ax = plt.subplots(figsize=(5, 3.6))
-        for i, fam in enumerate(sorted({s[1] for s in pts})):
-            xs = sorted((s[2], s[3]) for s in pts if s[1] == fam)
-            depths = sorted({x for x, _ in xs})  # several runs (seeds) per depth: line through the means
-            means = [sum(y for x, y in xs if x == d) / sum(1 for x, _ in xs if x == d) for d in depths]
-            ax.plot(depths, means, marker='o', color=f'C{i % 10}', label=f'{fam} (mean)')
-            if len(xs) > len(depths):
-                ax.scatter(*zip(*xs), s=14, alpha=0.5, color=f'C{i % 10}')
-        ax.set_xlabel('n_layer')
-        ax.set_ylabel('final val loss')
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(combined_dir, 'depth_sweep.png'), dpi=120)
-        plt.close(fig)
+        plot_depth_sweep(plt, pts, os.path.join(combined_dir, 'depth_sweep.png'))
     with open(os.path.join(combined_dir, 'summary.json'), 'w') as f:
         json.dump({'runs': names, 'results': results,
                    'depth_sweep': [dict(zip(['run', 'family', 'n_layer', 'final_val_loss', 'flops'], s))
                                    for s in sweep]}, f, indent=1)
     print(f'wrote analysis to {combined_dir}' + ('' if plt is not None else ' (CSV/JSON only)'))
-    return results
-
-
-if __name__ == '__main__':
-    main()

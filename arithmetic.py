@@ -44,10 +44,22 @@ import os
 import pickle
 import random
 import re
-import sys
 import time
 
 import numpy as np
+import torch
+
+from prepare import dataset_dir
+from common import UserError, configure, load_codec, load_model, resolve_device
+
+# config of the evaluator (python arithmetic.py --key=value); generation and prepare() take arguments
+out_dir = 'out-arithmetic'  # the run to evaluate: <out_dir>/ckpt.pt
+split = 'test'              # 'test' or 'val': reads <data_dir>/<split>.txt
+data_dir = ''               # the dataset's folder; '' = <ckpt config data_dir or data/>/<ckpt config dataset>
+max_examples = 0            # per tier; 0 = all
+batch_size = 256
+device = 'cpu'
+seed = 1337
 
 MAX_LEAF = 9        # leaves are integers in [1, MAX_LEAF]
 BOUND = 999         # every intermediate value is an integer in [0, BOUND]
@@ -247,7 +259,7 @@ def prepare(out_dir, samples=50000, seed=1337, force=False, tiers=TIERS,
     os.makedirs(out_dir, exist_ok=True)
     needed = ['train.bin', 'val.bin', 'meta.pkl', 'test.txt']
     if not force and all(os.path.exists(os.path.join(out_dir, f)) for f in needed):
-        print(f'{out_dir}: AET data already present (use --force to regenerate)')
+        print(f'{out_dir}: AET data already present (use --force=True to regenerate)')
         return
     t0 = time.time()
     seen = set()
@@ -311,39 +323,10 @@ def _valid_chain(line, bound=BOUND):
     return ok, len(parts) - 1
 
 
-def load_model(out_dir, device='cpu'):
-    import torch
-    from model import GPT, GPTConfig
-    ckpt = torch.load(os.path.join(out_dir, 'ckpt.pt'), map_location=device, weights_only=False)
-    model = GPT(GPTConfig(**ckpt['model_args']))
-    sd = {k[len('_orig_mod.'):] if k.startswith('_orig_mod.') else k: v
-          for k, v in ckpt['model'].items()}
-    model.load_state_dict(sd)
-    model.eval().to(device)
-    return model, ckpt
-
-
-def _greedy(model, idx, max_new_tokens, newline_id):
-    """Greedy continuation of a batch of equal-length prompts."""
-    import torch
-    with torch.no_grad():
-        try:
-            return model.generate(idx, max_new_tokens, top_k=1)
-        except TypeError:  # pragma: no cover - model without the expected API
-            for _ in range(max_new_tokens):
-                logits, _ = model(idx[:, -model.config.block_size:])
-                nxt = logits[:, -1, :].argmax(-1, keepdim=True)
-                idx = torch.cat([idx, nxt], 1)
-                if (idx == newline_id).any(1).all():
-                    break
-            return idx
-
-
-def evaluate(model, lines, stoi, itos, device='cpu', batch_size=256, block_size=None,
+def evaluate(model, lines, encode, decode, device='cpu', batch_size=256, block_size=None,
              bound=BOUND, log_every=0):
-    """Greedy-decode `lines` (full reference lines). Returns a results dict with
-    accuracy per tier (= number of operators) and overall."""
-    import torch
+    """Greedy-decode `lines` (full reference lines) with the model's tokenizer (encode, decode).
+    Returns a results dict with accuracy per tier (= number of operators) and overall."""
     block_size = block_size or model.config.block_size
     items = []
     for line in lines:
@@ -360,12 +343,10 @@ def evaluate(model, lines, stoi, itos, device='cpu', batch_size=256, block_size=
         max_new = block_size - plen
         for b in range(0, len(ks), batch_size):
             chunk = ks[b:b + batch_size]
-            idx = torch.tensor([[stoi[c] for c in items[k][0]] for k in chunk],
-                               dtype=torch.long, device=device)
-            out = _greedy(model, idx, max_new, stoi['\n']).tolist()
+            idx = torch.tensor([encode(items[k][0]) for k in chunk], dtype=torch.long, device=device)
+            out = model.generate(idx, max_new, top_k=1).tolist()  # greedy
             for k, row in zip(chunk, out):
-                gen = ''.join(itos[i] for i in row[plen:])
-                preds[k] = gen  # may lack the newline if cut at block_size
+                preds[k] = decode(row[plen:])  # may lack the newline if cut at block_size
             done += len(chunk)
             if log_every and done % log_every < len(chunk):
                 print(f'  {done}/{len(items)}')
@@ -401,52 +382,39 @@ def evaluate(model, lines, stoi, itos, device='cpu', batch_size=256, block_size=
     return res
 
 
-def main(argv=None):
-    import argparse
-    import torch
-    p = argparse.ArgumentParser(description='Evaluate a checkpoint on the Arithmetic Expression Task')
-    p.add_argument('--out_dir', default='out-arithmetic')
-    p.add_argument('--split', default='test', help='test or val (reads <data_dir>/<split>.txt)')
-    p.add_argument('--data_dir', default=None,
-                   help="the dataset's folder; default: <ckpt config data_dir or ./data>/<ckpt config dataset>")
-    p.add_argument('--max_examples', type=int, default=0, help='per tier; 0 = all')
-    p.add_argument('--batch_size', type=int, default=256)
-    p.add_argument('--device', default='cpu')
-    p.add_argument('--seed', type=int, default=1337)
-    args = p.parse_args(argv)
-    torch.manual_seed(args.seed)
-    model, ckpt = load_model(args.out_dir, args.device)
-    cfg = ckpt.get('config') or {}
-    dataset = cfg.get('dataset') or 'arithmetic'
-    root = cfg.get('data_dir') or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
-    data_dir = args.data_dir or os.path.join(root, dataset)
-    with open(os.path.join(data_dir, 'meta.pkl'), 'rb') as f:
-        meta = pickle.load(f)
-    with open(os.path.join(data_dir, f'{args.split}.txt')) as f:
+if __name__ == '__main__':
+    configure(globals())
+    if split not in ('test', 'val'):
+        raise UserError(f"split={split!r}: expected 'test' or 'val'")
+    torch.manual_seed(seed)
+    device = resolve_device(device)
+    model, ckpt = load_model(out_dir, device)
+    encode, decode = load_codec(ckpt)
+    cfg = ckpt['config']
+    data_dir = data_dir or dataset_dir(cfg.get('dataset') or 'arithmetic', cfg.get('data_dir') or None)
+    path = os.path.join(data_dir, f'{split}.txt')
+    if not os.path.isfile(path):
+        raise UserError(f"no {path}; run: python prepare.py arithmetic (or point --data_dir at the dataset's folder)")
+    with open(path) as f:
         lines = [l for l in f.read().split('\n') if l]
-    if args.max_examples:
+    if max_examples:
         kept, per = [], {}
         for l in lines:
             n = count_ops(l.split('=', 1)[0])
-            if per.get(n, 0) < args.max_examples:
+            if per.get(n, 0) < max_examples:
                 per[n] = per.get(n, 0) + 1
                 kept.append(l)
         lines = kept
     t0 = time.time()
-    res = evaluate(model, lines, meta['stoi'], meta['itos'], args.device, args.batch_size)
-    res.update({'out_dir': args.out_dir, 'split': args.split, 'data_dir': data_dir,
+    res = evaluate(model, lines, encode, decode, device, batch_size)
+    res.update({'out_dir': out_dir, 'split': split, 'data_dir': data_dir,
                 'lime': ckpt['model_args'].get('lime'), 'eval_seconds': time.time() - t0})
     for n_ops, t in res['per_tier'].items():
         print(f'{n_ops} operators: accuracy {t["accuracy"]:.4f} (n={t["n"]}), '
               f'exact chain {t["exact_chain"]:.4f}, step accuracy {t["step_accuracy"]:.4f}, '
               f'majority baseline {t["majority_baseline"]:.4f}')
     print(f'overall accuracy {res["accuracy"]:.4f} on {res["n"]} examples ({res["eval_seconds"]:.1f}s)')
-    path = os.path.join(args.out_dir, f'arith_eval_{args.split}.json')
+    path = os.path.join(out_dir, f'arith_eval_{split}.json')
     with open(path, 'w') as f:
         json.dump(res, f, indent=1)
     print(f'wrote {path}')
-    return res
-
-
-if __name__ == '__main__':
-    main()

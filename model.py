@@ -4,9 +4,12 @@ nanoLIMe model: a Llama-style GPT with an optional LIMe router.
 LIMe (Layer-Integrated Memory, arXiv 2502.09245): every attention layer keeps its
 own queries, but builds its keys and values as a learned mixture of the keys and
 values of all layers so far, read from a stacked KV buffer (eq. 2). Everything
-LIMe-specific lives in the block marked "LIMe" below; with lime=False the model is
-a plain pre-norm Llama (RMSNorm, RoPE, SwiGLU, GQA, tied embeddings, no biases).
-Hyper-Connections (Zhu et al. 2024), the paper's other baseline, is the last block.
+LIMe-specific lives in the block marked "LIMe" below: route_reference() is eq. (2)
+as written, route() the same sum in a form that keeps memory O(L) in depth and that
+torch.compile traces whole. With lime=False the model is a plain pre-norm Llama
+(RMSNorm, RoPE, SwiGLU, GQA, tied embeddings, no biases). The last blocks hold the
+cross-layer alternatives it is compared with: Hyper-Connections (Zhu et al. 2024,
+the paper's other baseline), value residual (ResFormer) and DenseFormer.
 """
 
 import math
@@ -17,7 +20,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ROUTERS = "full, average, dynamic, last-<j>, first-<j>"
-GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16, for MFU
 
 
 @dataclass
@@ -35,6 +37,8 @@ class GPTConfig:
     router: str = "full"       # LIMe router variant (paper App. D): ROUTERS
     hc: int = 0                # Hyper-Connections expansion rate (0 = off; the paper uses 4)
     hc_dynamic: bool = False
+    value_residual: bool = False  # ResFormer: v_l <- lam * v_1 + (1 - lam) * v_l, lam learned per layer
+    denseformer: bool = False  # DenseFormer: a learned weighted average of all earlier block outputs
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
 
@@ -54,6 +58,11 @@ class GPTConfig:
         if self.hc < 0:
             raise ValueError(f"hc={self.hc} must be 0 (off) or an expansion rate >= 1")
         router_layers(self.router, 0)  # raises on an unknown variant
+        if self.value_residual and self.lime:
+            raise ValueError("value_residual and lime both feed earlier layers' values into every layer "
+                             "(LIMe's router includes v_1); use one of them")
+        if self.denseformer and self.hc:
+            raise ValueError("denseformer and hc both rewire the residual stream; use one of them")
 
 
 def router_layers(router, layer):
@@ -88,92 +97,56 @@ class RoPE(nn.Module):
 
 
 # ----------------------------------------------------------------------------- LIMe
-# The only change LIMe makes to the baseline: Attention calls lime_route() on this
-# layer's k, v instead of using them directly (eq. 2). Source order everywhere:
-# source s = j * n_kv_head + h is KV head h of layer j.
+# The one change LIMe makes to the baseline (Attention.forward): a layer's keys and values
+# are a learned mixture of the keys and values of every layer so far (eq. 2), read from the
+# stacked KV buffer, instead of its own. Sources are ordered layer-major everywhere:
+# source s = j * n_kv_head + h is KV head h of layer j. Each layer adds its own
+# (2, B, H_kv, T, d_h) [k; v] tensor to `sources`, a plain list that GPT.forward passes down.
 
-class KVBuffer:
-    """The stacked KV buffer, one per forward pass.
+def route_reference(router, sources):
+    """eq. (2) as written: k~_h = sum_s R[h, s] k_s, and the same R for v.
 
-    Row s holds [k | v] of source s for all N = B*T tokens: (L * H_kv, 2 * N * d_h), the
-    authors' layout (App. E). Each layer writes its rows once and routes over the first
-    (l+1) * H_kv rows, so nothing is concatenated per layer: activations kept for backward
-    grow as O(L), not O(L^2) as in the authors' eager code."""
-
-    def __init__(self, n_layer, keep_sources=False):
-        self.n_layer = n_layer
-        self.data = None      # allocated at the first write: its dtype follows autocast
-        self.grad = None      # gradient w.r.t. data, accumulated top layer first in backward
-        self.order = None     # zero-size tensor chaining the layers' Route ops (see Route.backward)
-        self.sources = [] if keep_sources else None  # per-layer k, v as autograd sees them (dynamic router)
+    router: (H_kv, S), or per token (B, T, H_kv, S); sources: (2, B, S, T, d_h), the stacked
+    KV buffer. Readable, but every layer would keep its own copy of the stack for backward
+    (O(L^2) memory); route() computes the same thing in O(L). Tests and analyze.py use this."""
+    if router.dim() == 2:
+        return torch.einsum("hs,cbstd->cbhtd", router, sources)
+    return torch.einsum("bths,cbstd->cbhtd", router, sources)
 
 
-class Route(torch.autograd.Function):
-    """eq. (2): [k~ | v~] = R @ buffer[:S], the same R for K and V. Batched (bmm) over the
-    2*B (k|v, sequence) blocks of each row: BLAS runs an H_kv-row matmul on one core, and
-    this way k~, v~ come out in attention's (B, H_kv, T, d_h) layout."""
+def route(weight, sources, delta=None):
+    """eq. (2), the fast path: the sum over sources accumulated one layer at a time.
 
-    @staticmethod
-    def forward(ctx, kv, router, order, buffer):  # kv: (B, T, 2, H_kv, d_h); router: (H_kv, S)
-        B, T, _, n_kv, d = kv.shape
-        S = router.size(1)
-        if buffer.data is None:
-            buffer.data = kv.new_empty(buffer.n_layer * n_kv, 2 * B * T * d)
-        buffer.data[S - n_kv:S].view(n_kv, 2, B, T, d).copy_(kv.permute(3, 2, 0, 1, 4))
-        # Later layers write only rows >= S, which this layer never reads, so we save an
-        # alias of the buffer with its own version counter: one storage for all layers.
-        sources = buffer.data.data[:S]
-        ctx.save_for_backward(router, sources)
-        ctx.buffer, ctx.shape, ctx.has_order = buffer, kv.shape, order is not None
-        blocks = sources.view(S, 2 * B, T * d).transpose(0, 1)          # (2B, S, T*d)
-        routed = torch.bmm(router.to(sources.dtype).expand(2 * B, n_kv, S), blocks)
-        return routed.view(2, B, n_kv, T, d), kv.new_empty(0)
-
-    @staticmethod
-    def backward(ctx, grad_out, _):
-        router, sources = ctx.saved_tensors
-        buffer, (B, T, _, n_kv, d) = ctx.buffer, ctx.shape
-        S = router.size(1)
-        g = grad_out.reshape(2 * B, n_kv, T * d)
-        blocks = sources.view(S, 2 * B, T * d).transpose(0, 1)          # (2B, S, T*d)
-        grad_router = None
-        if ctx.needs_input_grad[1]:
-            grad_router = torch.bmm(g, blocks.transpose(1, 2)).sum(0).to(router.dtype)
-        # Each layer's Route takes the previous one's zero-size `order` output, so autograd
-        # runs these backwards from the top layer down: when layer l gets here every later
-        # layer has already added its share to the rows of layer l. Accumulate in place.
-        first = buffer.grad is None  # the top layer: lower layers use a prefix of its rows
-        if first:
-            buffer.grad = torch.empty_like(sources)  # baddbmm_ with beta=0 overwrites it
-        grad_blocks = buffer.grad[:S].view(S, 2 * B, T * d).transpose(0, 1)
-        grad_blocks.baddbmm_(router.t().to(g.dtype).expand(2 * B, S, n_kv), g, beta=0 if first else 1)
-        grad_kv = buffer.grad[S - n_kv:S].view(n_kv, 2, B, T, d).permute(2, 3, 1, 0, 4)
-        if S == n_kv:  # layer 0 is the last to run: release the buffer's gradient
-            buffer.grad = None
-        return grad_kv, grad_router, grad_out.new_zeros(0) if ctx.has_order else None, None
-
-
-@torch.compiler.disable  # the in-place buffer is outside what dynamo traces; graphs break around it
-def lime_route(kv, router, delta, buffer):
-    """Routed keys and values (B, H_kv, T, d_h) of one layer; delta: per-token router offsets or None."""
-    routed, buffer.order = Route.apply(kv, router, buffer.order, buffer)  # routed: (2, B, H_kv, T, d_h)
-    k, v = routed[0], routed[1]
-    if buffer.sources is not None:
-        buffer.sources.append(kv)
-    if delta is not None:  # dynamic router: per-token R(x_t) = R + delta(x_t), plain autograd
-        sources = torch.stack(buffer.sources, dim=3).flatten(3, 4)  # (B, T, 2, S, d_h)
-        extra = torch.einsum("bths,btcsd->cbhtd", delta.to(sources.dtype), sources)
-        k, v = k + extra[0], v + extra[1]
-    return k, v
+    weight: (H_kv, len(sources) * H_kv); sources: list of per-layer (2, B, H_kv, T, d_h);
+    delta: per-token offsets (B, T, H_kv, S) of the dynamic router, or None. Every matmul
+    reads one layer's tensor as it is, so all later layers save that same tensor for backward:
+    activation memory grows O(L) in depth, eager and under torch.compile (a torch.cat of the
+    sources would be saved once per layer: O(L^2)). A bmm over the 2B (k|v, sequence) blocks
+    keeps CPUs busy (BLAS runs an H_kv-row matmul on one core) and lands k~, v~ in attention's
+    layout. The weight is expanded before autocast casts it, so its gradient is summed over
+    the blocks in float32."""
+    c, B, H, T, d = sources[0].shape
+    out = None
+    for j, src in enumerate(sources):
+        w = weight[:, j * H:(j + 1) * H].expand(c * B, H, H)
+        src = src.view(c * B, H, T * d)
+        out = torch.bmm(w, src) if out is None else torch.baddbmm(out, w, src)
+    out = out.view(c, B, H, T, d)
+    if delta is not None:  # dynamic router: R(x_t) = R + delta(x_t), per token. A broadcast product
+        # (not einsum, which would save a permuted copy of every source at every layer)
+        for j, src in enumerate(sources):
+            w = delta[..., j * H:(j + 1) * H].permute(0, 2, 3, 1).unsqueeze(-1)  # (B, H, H_src, T, 1)
+            out = out + (w.to(src.dtype) * src.unsqueeze(2)).sum(3)             # (2, B, H, T, d)
+    return out
 
 
 class Router(nn.Module):
-    """R^l of eq. (2): H_kv x (l+1)*H_kv weights over the KV buffer's sources."""
+    """R^l of eq. (2): H_kv x (l+1)*H_kv weights over the sources of layers 0..l."""
 
     def __init__(self, config, layer):
         super().__init__()
         n_kv, self.layer = config.n_kv_head, layer
-        self.layers = router_layers(config.router, layer)
+        self.layers = router_layers(config.router, layer)  # the layers this variant reads
         n_src = len(self.layers) * n_kv
         if config.router == "average":  # fixed: head h averages head h over layers 0..l
             self.register_buffer("weight", torch.eye(n_kv).repeat(1, layer + 1) / (layer + 1), persistent=False)
@@ -183,24 +156,23 @@ class Router(nn.Module):
             weight[:, -n_kv:] = torch.eye(n_kv)
             self.weight = nn.Parameter(weight)
         self.dynamic = None
-        if config.router == "dynamic":  # zero init: starts as the static router
+        if config.router == "dynamic":  # per-token offsets, zero init: starts as the static router
             self.dynamic = nn.Linear(config.n_embd, n_kv * n_src, bias=False)
             nn.init.zeros_(self.dynamic.weight)
 
     def matrix(self):
-        """The full H_kv x (l+1)*H_kv router, zero on sources this variant leaves out."""
+        """The full H_kv x (l+1)*H_kv static router, zero on sources this variant leaves out."""
         n_kv = self.weight.size(0)
-        if len(self.layers) == self.layer + 1:
-            return self.weight
         full = self.weight.new_zeros(n_kv, self.layer + 1, n_kv)
         full[:, self.layers] = self.weight.view(n_kv, -1, n_kv)
         return full.flatten(1)
 
-    def forward(self, x):  # -> (router, per-token offsets or None)
-        if self.dynamic is None:
-            return self.matrix(), None
-        B, T, _ = x.shape
-        return self.weight, self.dynamic(x).view(B, T, self.weight.size(0), -1)
+    def forward(self, x, sources):  # x: this layer's input (B, T, d); sources: every layer's [k; v] so far
+        delta = None
+        if self.dynamic is not None:
+            B, T, _ = x.shape
+            delta = self.dynamic(x).view(B, T, self.weight.size(0), -1)
+        return route(self.weight, [sources[j] for j in self.layers], delta)
 
 # ----------------------------------------------------------------------------- end of LIMe
 
@@ -237,27 +209,30 @@ class Attention(nn.Module):
         self.kv_proj = nn.Linear(config.n_embd, 2 * self.n_kv_head * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=False)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.router = Router(config, layer) if config.lime and layer > 0 else None
-        if config.lime and layer == 0:  # layer 0 has no router: it reads its own heads
-            self.register_buffer("identity", torch.eye(config.n_kv_head), persistent=False)
+        self.router = Router(config, layer) if config.lime and layer > 0 else None  # layer 0 reads its own k, v
+        self.value_residual = ValueResidual() if config.value_residual and layer > 0 else None
 
-    def forward(self, x, rope, kv_buffer=None, cache=None):
+    def forward(self, x, rope, sources=None, cache=None):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        kv = self.kv_proj(x).view(B, T, 2, self.n_kv_head, self.head_dim)
-        if kv_buffer is None:  # baseline
-            k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
-        else:  # LIMe: route pre-RoPE keys and values over all layers so far (eq. 2)
-            router, delta = self.router(x) if self.router is not None else (self.identity, None)
-            k, v = lime_route(kv, router, delta, kv_buffer)
+        kv = self.kv_proj(x).view(B, T, 2, self.n_kv_head, self.head_dim).permute(2, 0, 3, 1, 4)  # (2, B, H_kv, T, d_h)
+        if sources is not None:  # LIMe and value residual: later layers read this layer's k, v
+            kv = kv.contiguous()
+            sources.append(kv)
+        if self.router is not None:  # LIMe: route pre-RoPE keys and values over all layers so far (eq. 2)
+            kv = self.router(x, sources)
+        k, v = kv.unbind(0)
+        if self.value_residual is not None:
+            v = self.value_residual(v, sources[0][1])
         pos = cache.pos if cache is not None else 0
         q, k = rope(q, pos), rope(k, pos)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
         mask = None
-        if pos > 0:  # queries at pos..pos+T-1 see every cached key up to their own position
+        if pos > 0 and T > 1:  # queries at pos..pos+T-1 see every cached key up to their own position
             mask = torch.ones(T, pos + T, dtype=torch.bool, device=x.device).tril(pos)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+        # one new token sees the whole cache: no mask, which keeps the flash kernels available
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=pos == 0,
                                            dropout_p=self.dropout if self.training else 0.0,
                                            enable_gqa=self.n_kv_head != self.n_head)
         return self.resid_dropout(self.o_proj(y.transpose(1, 2).reshape(B, T, -1)))
@@ -288,11 +263,11 @@ class Block(nn.Module):
         self.hc_attn = HyperConnection(config, 2 * layer) if config.hc else None
         self.hc_mlp = HyperConnection(config, 2 * layer + 1) if config.hc else None
 
-    def forward(self, x, rope, kv_buffer=None, cache=None):
+    def forward(self, x, rope, sources=None, cache=None):
         if self.hc_attn is not None:  # x: (B, T, n, d), n residual streams
-            x = self.hc_attn(x, lambda h: self.attn(self.ln_1(h), rope, kv_buffer, cache))
+            x = self.hc_attn(x, lambda h: self.attn(self.ln_1(h), rope, sources, cache))
             return self.hc_mlp(x, lambda h: self.mlp(self.ln_2(h)))
-        x = x + self.attn(self.ln_1(x), rope, kv_buffer, cache)
+        x = x + self.attn(self.ln_1(x), rope, sources, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -311,12 +286,19 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
         self.rope = RoPE(config)
-        # GPT-2 init; residual output projections scaled by 1/sqrt(2L). Routers and HC keep their own.
-        for name, p in self.named_parameters():
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layer))
-            elif name.endswith(("proj.weight", "wte.weight", "lm_head.weight")):
-                nn.init.normal_(p, std=0.02)
+        # DenseFormer: after block i, a weighted average of the embedding and blocks 0..i's outputs
+        self.dwa = nn.ModuleList([DepthWeightedAverage(i + 2) for i in range(config.n_layer)]) \
+            if config.denseformer else None
+        # GPT-2 init; the projections back into the residual stream scaled by 1/sqrt(2L).
+        # Routers, HC, value residual and DenseFormer weights keep their own init.
+        nn.init.normal_(self.transformer.wte.weight, std=0.02)
+        for block in self.transformer.h:
+            attn, mlp = block.attn, block.mlp
+            for linear in (attn.q_proj, attn.kv_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                residual = linear is attn.o_proj or linear is mlp.down_proj
+                nn.init.normal_(linear.weight, std=0.02 / math.sqrt(2 * config.n_layer) if residual else 0.02)
+        if not config.tie_embeddings:
+            nn.init.normal_(self.lm_head.weight, std=0.02)
 
     def get_num_params(self):
         return sum(p.numel() for p in self.parameters())  # a tied weight is counted once
@@ -329,11 +311,14 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx))
         if self.config.hc:  # the n residual streams start as copies of the embedding
             x = x.unsqueeze(2).repeat(1, 1, self.config.hc, 1)
-        kv_buffer = KVBuffer(self.config.n_layer, self.config.router == "dynamic") if self.config.lime else None
-        for block in self.transformer.h:
-            x = block(x, self.rope, kv_buffer, cache)
-        if kv_buffer is not None:  # the graph refers to the buffer: drop its references back, or it leaks
-            kv_buffer.order = kv_buffer.sources = None
+        # the stacked KV buffer: every layer's [k; v] (2, B, H_kv, T, d_h), in layer order
+        sources = [] if self.config.lime or self.config.value_residual else None
+        outputs = [x]  # DenseFormer: the embedding and every block's output
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, self.rope, sources, cache)
+            if self.dwa is not None:
+                outputs.append(x)
+                x = self.dwa[i](outputs)
         if self.config.hc:
             x = x.sum(dim=2)
         x = self.transformer.ln_f(x)
@@ -367,7 +352,10 @@ class GPT(nn.Module):
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                 logits[logits < v[:, [-1]]] = -float("inf")
-            idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            if top_k == 1:  # greedy: argmax, deterministic even when the top logits tie
+                idx_next = logits.argmax(dim=-1, keepdim=True)
+            else:
+                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
 
@@ -389,6 +377,10 @@ class GPT(nn.Module):
                     flops += 2 * d * c.n_kv_head * S + 2 * c.n_kv_head * S * 2 * hd
         if n:  # per sub-layer: width mix (n x n+1), depth add, dynamic projections
             flops += 2 * L * (2 * n * (n + 1) * d + 2 * n * d + (2 * n * d * (n + 2) if c.hc_dynamic else 0))
+        if c.value_residual:  # lam * v_1 + (1 - lam) * v_l at layers 1..L-1
+            flops += (L - 1) * 2 * 2 * c.n_kv_head * hd
+        if c.denseformer:  # after block i, a weighted sum of i + 2 tensors of width d
+            flops += sum(2 * (i + 2) * d for i in range(L))
         return flops
 
     def estimate_mfu(self, tokens_per_iter, dt, peak_flops, seq_len=None):
@@ -396,16 +388,15 @@ class GPT(nn.Module):
         return 3 * self.flops_per_token(seq_len) * tokens_per_iter / dt / peak_flops
 
     def configure_optimizers(self, weight_decay, learning_rate, router_lr, betas, device_type, eps=1e-8):
-        """AdamW, three groups (paper App. A): decayed matrices; norms, embeddings and static HC
-        weights without decay; routers at router_lr without decay. Each group keeps its 'peak_lr'."""
+        """AdamW, three groups (paper App. A): every parameter of a LIMe Router at router_lr without
+        decay; the other nn.Linear weights decayed; the rest (the embedding, norms, and the mixing
+        weights of HC, value residual and DenseFormer) without decay. Each group keeps its 'peak_lr'."""
+        routers = {id(p) for m in self.modules() if isinstance(m, Router) for p in m.parameters()}
+        linears = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)}
+        linears -= routers | {id(self.transformer.wte.weight)}  # the tied LM head is the embedding
         groups = {"decay": [], "no_decay": [], "router": []}
-        for name, p in self.named_parameters():
-            if "router" in name:
-                groups["router"].append(p)
-            elif p.dim() < 2 or name.endswith(("wte.weight", "static_alpha")):
-                groups["no_decay"].append(p)
-            else:
-                groups["decay"].append(p)
+        for p in self.parameters():
+            groups["router" if id(p) in routers else "decay" if id(p) in linears else "no_decay"].append(p)
         settings = dict(decay=(weight_decay, learning_rate), no_decay=(0.0, learning_rate), router=(0.0, router_lr))
         param_groups = [dict(name=name, params=groups[name], weight_decay=wd, lr=lr, peak_lr=lr)
                         for name, (wd, lr) in settings.items() if groups[name]]
@@ -450,3 +441,34 @@ class HyperConnection(nn.Module):
         mixed = alpha.transpose(-1, -2) @ H  # (B, T, n+1, d)
         y = sublayer(mixed[..., 0, :])
         return mixed[..., 1:, :] + beta.unsqueeze(-1) * y.unsqueeze(-2)
+
+
+# ----------------------------------------------------------------------------- value residual, DenseFormer
+# The two cheapest cross-layer alternatives to LIMe, for comparison.
+
+class ValueResidual(nn.Module):
+    """Value residual learning (ResFormer, arXiv 2410.17897): layer l >= 1 attends over
+    v_l <- lam * v_1 + (1 - lam) * v_l, with v_1 the first layer's values and lam learned
+    (init 0.5, the paper's fixed mix). lam = 0 is the baseline."""
+
+    def __init__(self):
+        super().__init__()
+        self.lam = nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, v, v_first):
+        return self.lam * v_first + (1 - self.lam) * v
+
+
+class DepthWeightedAverage(nn.Module):
+    """DenseFormer (arXiv 2402.02622): after block i, the input to the next block is a learned
+    weighted sum of the embedding and the outputs of blocks 0..i. Weights start one-hot on
+    block i's own output, so at init the model computes exactly the baseline function."""
+
+    def __init__(self, n_inputs):
+        super().__init__()
+        weight = torch.zeros(n_inputs)
+        weight[-1] = 1.0
+        self.weight = nn.Parameter(weight)
+
+    def forward(self, outputs):  # outputs: the embedding and blocks 0..i's outputs, each (B, T, d)
+        return sum(w * x for w, x in zip(self.weight.unbind(), outputs))

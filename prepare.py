@@ -6,8 +6,9 @@ with vocab_size and what is needed to encode/decode).
 $ python prepare.py                      # shakespeare_char, the default
 $ python prepare.py shakespeare          # same text, GPT-2 BPE
 $ python prepare.py fineweb_edu --num_tokens=10000000 --num_proc=4
-$ python prepare.py fineweb_edu --files a.jsonl b.parquet c.txt
+$ python prepare.py fineweb_edu --files=a.jsonl,b.parquet,c.txt
 $ python prepare.py arithmetic --samples=50000
+$ python prepare.py shakespeare --data_dir=/tmp/data --force=True
 
 Both data files ship in data/ so that this works offline. Provenance:
 - data/shakespeare.txt.gz: Shakespeare's complete works (public domain), the
@@ -17,13 +18,24 @@ Both data files ship in data/ so that this works offline. Provenance:
   tiktoken's r50k_base/gpt2 ranks, from the MIT-licensed openai-whisper assets.
 """
 import os
-import sys
 import gzip
 import pickle
 import hashlib
-import argparse
 import functools
 import numpy as np
+
+from common import UserError, configure
+
+# config: the dataset is the bare word (python prepare.py shakespeare), the rest --key=value
+dataset = 'shakespeare_char'  # one of DATASETS
+data_dir = ''                 # output root, writes <data_dir>/<dataset>/; '' = data/ next to this file
+force = False                 # redo even if the outputs exist
+files = ''                    # fineweb_edu: comma-separated local .jsonl/.json/.parquet/.txt files instead of the hub
+hf_config = 'sample-10BT'     # fineweb_edu: hub config name
+num_tokens = 10_000_000       # fineweb_edu: total token cap (train + val)
+num_proc = max(1, (os.cpu_count() or 2) // 2)  # fineweb_edu: tokenizer processes
+samples = None                # arithmetic: training examples per tier (None: arithmetic.py's default)
+seed = 1337                   # arithmetic: RNG seed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_DATA_DIR = os.path.join(HERE, 'data')
@@ -36,11 +48,6 @@ GPT2_SHA256 = '306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930'
 GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 EOT = 50256  # <|endoftext|>
 VAL_EVERY = 200  # fineweb_edu: every 200th document (0, 200, ...) goes to val, ~0.5%, deterministic for streams
-
-def fail(msg, code=1):
-    # one line, no traceback: these are user errors, not bugs
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(code)
 
 def dataset_dir(name, data_dir=None):
     return os.path.join(data_dir or DEFAULT_DATA_DIR, name)
@@ -94,7 +101,7 @@ def read_shakespeare(path=SHAKESPEARE_PATH):
     with gzip.open(path, 'rb') as f:
         raw = f.read()
     if path == SHAKESPEARE_PATH and hashlib.sha256(raw).hexdigest() != SHAKESPEARE_SHA256:  # 5 MB: ~10 ms
-        fail(f"{path} is corrupted (sha256 mismatch)")
+        raise UserError(f"{path} is corrupted (sha256 mismatch)")
     return raw.decode('utf-8')
 
 def prepare_char(text, out_dir):
@@ -127,12 +134,12 @@ def open_local(files):
     for path in files:
         ext = os.path.splitext(path[:-3] if path.endswith('.gz') else path)[1].lower()
         if ext not in loaders:
-            fail(f"{path}: unsupported file type; use .jsonl/.json/.parquet/.txt (optionally .gz)")
+            raise UserError(f"{path}: unsupported file type; use .jsonl/.json/.parquet/.txt (optionally .gz)")
         kw = {'sample_by': 'paragraph'} if loaders[ext] == 'text' else {}  # .txt: one document per paragraph
         ds = load_dataset(loaders[ext], data_files=path, split='train', streaming=True, **kw)
         first = next(iter(ds), None)
         if first is not None and 'text' not in first:
-            fail(f"{path}: no 'text' column (found {', '.join(first)})")
+            raise UserError(f"{path}: no 'text' column (found {', '.join(first)})")
         sets.append(ds)
     return (doc['text'] for ds in sets for doc in ds)
 
@@ -142,7 +149,7 @@ def open_hub(config):
     os.environ.setdefault('HF_HUB_DOWNLOAD_TIMEOUT', '10')
     hint = "cannot reach the Hugging Face hub ({}); use --files with local .jsonl/.parquet/.txt files instead"
     if os.environ.get('HF_HUB_OFFLINE', '0') not in ('0', ''):
-        fail(hint.format('HF_HUB_OFFLINE is set'))
+        raise UserError(hint.format('HF_HUB_OFFLINE is set'))
     import socket
     from urllib.parse import urlparse
     host = urlparse(os.environ.get('HF_ENDPOINT', 'https://huggingface.co')).hostname
@@ -150,13 +157,13 @@ def open_hub(config):
         try:  # DNS + TCP: a fraction of a second either way
             socket.create_connection((host, 443), timeout=5).close()
         except OSError as e:
-            fail(hint.format(f"{host}: {e}"))
+            raise UserError(hint.format(f"{host}: {e}")) from None
     from datasets import load_dataset
     try:
         ds = load_dataset('HuggingFaceFW/fineweb-edu', name=config, split='train', streaming=True)
         next(iter(ds))  # opens the first shard now, so network errors surface here
     except (ConnectionError, OSError, TimeoutError) as e:
-        fail(hint.format(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"))
+        raise UserError(hint.format(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")) from None
     return (doc['text'] for doc in ds)
 
 def prepare_docs(docs, out_dir, num_tokens, num_proc, batch_size=1024):
@@ -182,47 +189,32 @@ def prepare_docs(docs, out_dir, num_tokens, num_proc, batch_size=1024):
         if pool is not None:
             pool.terminate()
     if not train or not val:
-        fail(f"only {ndocs} documents: need at least 2 to have both a train and a val split")
+        raise UserError(f"only {ndocs} documents: need at least 2 to have both a train and a val split")
     write_dataset(out_dir, np.concatenate(train), np.concatenate(val), {'vocab_size': EOT + 1, 'kind': 'bpe', 'encoding': 'gpt2'})
 
 # -----------------------------------------------------------------------------
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description='prepare a dataset: data/<dataset>/{train,val}.bin + meta.pkl')
-    p.add_argument('dataset', nargs='?', default='shakespeare_char', help=f"one of: {', '.join(DATASETS)}")
-    p.add_argument('--data_dir', default=DEFAULT_DATA_DIR, help='output root; writes <data_dir>/<dataset>/')
-    p.add_argument('--force', action='store_true', help='redo even if the outputs exist')
-    p.add_argument('--files', nargs='+', help='fineweb_edu: local .jsonl/.json/.parquet/.txt files instead of the hub')
-    p.add_argument('--hf_config', default='sample-10BT', help='fineweb_edu: hub config name')
-    p.add_argument('--num_tokens', type=int, default=10_000_000, help='fineweb_edu: total token cap (train+val)')
-    p.add_argument('--num_proc', type=int, default=max(1, (os.cpu_count() or 2) // 2), help='fineweb_edu: tokenizer processes')
-    p.add_argument('--samples', type=int, default=None, help='arithmetic: training examples per tier (default: arithmetic.py\'s)')
-    p.add_argument('--seed', type=int, default=1337, help='arithmetic: RNG seed')
-    args = p.parse_args(argv)
-
-    if args.dataset not in DATASETS:
-        fail(f"unknown dataset '{args.dataset}'; choose from {', '.join(DATASETS)}", code=2)
-    if args.files and args.dataset != 'fineweb_edu':
-        fail("--files is only for fineweb_edu", code=2)
-    for path in args.files or []:
-        if not os.path.isfile(path):
-            fail(f"--files: no such file: {path}")
-    out_dir = dataset_dir(args.dataset, args.data_dir)
-    if args.dataset == 'arithmetic':  # generated by arithmetic.py, which handles its own skip/--force
-        import arithmetic  # lazy: only this dataset needs it
-        kw = {} if args.samples is None else {'samples': args.samples}  # else arithmetic.prepare's default
-        arithmetic.prepare(out_dir, seed=args.seed, force=args.force, **kw)
-        return
-    if is_prepared(out_dir) and not args.force:
-        print(f"{out_dir} already prepared; skipping (use --force to redo)")
-        return
-    if args.dataset == 'shakespeare_char':
-        prepare_char(read_shakespeare(), out_dir)
-    elif args.dataset == 'shakespeare':
-        prepare_bpe(read_shakespeare(), out_dir)
-    elif args.dataset == 'fineweb_edu':
-        docs = open_local(args.files) if args.files else open_hub(args.hf_config)
-        prepare_docs(docs, out_dir, args.num_tokens, args.num_proc)
-
 if __name__ == '__main__':
-    main()
+    configure(globals(), positional='dataset', nullable=('samples',))
+    files = [f for f in files.split(',') if f]
+    if dataset not in DATASETS:
+        raise UserError(f"unknown dataset '{dataset}'; choose from {', '.join(DATASETS)}")
+    if files and dataset != 'fineweb_edu':
+        raise UserError("--files is only for fineweb_edu")
+    for path in files:
+        if not os.path.isfile(path):
+            raise UserError(f"--files: no such file: {path}")
+    out_dir = dataset_dir(dataset, data_dir)
+    if dataset == 'arithmetic':  # generated by arithmetic.py, which handles its own skip and force
+        import arithmetic  # only this dataset needs it
+        kw = {} if samples is None else {'samples': samples}  # else arithmetic.prepare's default
+        arithmetic.prepare(out_dir, seed=seed, force=force, **kw)
+    elif is_prepared(out_dir) and not force:
+        print(f"{out_dir} already prepared; skipping (use --force=True to redo)")
+    elif dataset == 'shakespeare_char':
+        prepare_char(read_shakespeare(), out_dir)
+    elif dataset == 'shakespeare':
+        prepare_bpe(read_shakespeare(), out_dir)
+    elif dataset == 'fineweb_edu':
+        docs = open_local(files) if files else open_hub(hf_config)
+        prepare_docs(docs, out_dir, num_tokens, num_proc)

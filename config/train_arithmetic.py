@@ -29,7 +29,7 @@ router = 'full'
 # longest line is 95 characters + newline; windows are random, as in nanoGPT
 block_size = 128
 batch_size = 64
-gradient_accumulation_steps = 1
+total_batch_size = 64 * 128  # one micro-step per iteration
 
 # optimisation: lr 1e-3 (paper), router lr 1e-2 (paper Table 2), cosine instead of linear decay
 learning_rate = 1e-3

@@ -10,8 +10,8 @@
 # A CPU-sized look at the same question, on shakespeare_char (~minutes per run):
 # $ python train.py config/train_deep_narrow.py --dataset=shakespeare_char --n_embd=64 --n_head=4 \
 #     --n_kv_head=4 --n_layer=16 --block_size=128 --batch_size=16 --max_iters=2000 --lr_decay_iters=2000 \
-#     --warmup_iters=100 --eval_interval=250 --eval_iters=20 --learning_rate=2e-3 --min_lr=2e-4 --lime=True
-import os
+#     --warmup_iters=100 --eval_interval=250 --eval_iters=20 --learning_rate=2e-3 --min_lr=2e-4 --lime=True \
+#     --total_batch_size=2048
 
 out_dir = 'out-deep-narrow'
 dataset = 'fineweb_edu'
@@ -32,11 +32,8 @@ lime = True
 router = 'full'
 
 # 256 sequences x 1024 tokens = 262k tokens per iteration on any number of GPUs; 10k iterations = 2.6B tokens
+total_batch_size = 256 * 1024
 batch_size = 16
-_world = int(os.environ.get('WORLD_SIZE', 1))
-if 256 % (batch_size * _world):
-    raise ValueError(f"the global batch of 256 sequences needs batch_size * world_size ({batch_size} * {_world}) to divide it")
-gradient_accumulation_steps = 256 // (batch_size * _world)
 
 # the paper's optimiser settings (Table 2); deep models keep the 1/sqrt(2L) init of model.py
 learning_rate = 1e-3

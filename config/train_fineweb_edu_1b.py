@@ -6,7 +6,6 @@
 # $ torchrun --standalone --nproc_per_node=8 train.py config/train_fineweb_edu_1b.py
 # $ torchrun --standalone --nproc_per_node=8 train.py config/train_fineweb_edu_1b.py --lime=False --out_dir=out-fineweb-edu-1b-llama
 # GQA variants (paper: H_kv 8): add --n_kv_head=8.  (prepare.py's default of 10M tokens is a smoke test only.)
-import os
 
 out_dir = 'out-fineweb-edu-1b'
 dataset = 'fineweb_edu'
@@ -29,14 +28,11 @@ dropout = 0.0
 lime = True
 router = 'full'
 
-# batch: 1024 sequences per iteration, whatever the number of GPUs. batch_size is per GPU and
-# micro-step (8 x 2048 tokens fits an 80 GB H100 in bf16); gradient_accumulation_steps is per rank.
+# batch: 1024 sequences (2.1M tokens) per iteration, whatever the number of GPUs; batch_size is per GPU and
+# micro-step (8 x 2048 tokens fits an 80 GB H100 in bf16), gradient accumulation makes up the rest
+# (8 GPUs: 16 micro-steps each)
+total_batch_size = 1024 * 2048
 batch_size = 8
-_world = int(os.environ.get('WORLD_SIZE', 1))
-if 1024 % (batch_size * _world):
-    raise ValueError(f"the global batch of 1024 sequences needs batch_size * world_size ({batch_size} * {_world}) to divide it")
-gradient_accumulation_steps = 1024 // (batch_size * _world)
-# (overriding --batch_size on the command line does not recompute this: set both)
 
 # optimisation (Table 2)
 learning_rate = 1e-3

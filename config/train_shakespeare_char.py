@@ -21,9 +21,9 @@ log_interval = 50
 always_save_checkpoint = True
 
 dataset = 'shakespeare_char'
+total_batch_size = 16 * 128  # tokens per iteration: one micro-step of 16 sequences
 batch_size = 16
 block_size = 128           # characters of context
-gradient_accumulation_steps = 1
 
 n_layer = 4
 n_head = 4

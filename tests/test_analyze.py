@@ -1,16 +1,19 @@
 """Tests for analyze.py: entropy, router map, linear probe, and an end-to-end run
 on tiny checkpoints with a tiny char dataset."""
+import importlib.util
 import json
 import math
 import os
 import pickle
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 import analyze  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
@@ -86,6 +89,15 @@ def test_router_map_known_values():
     np.testing.assert_allclose(M[2, :3], [1 / 5, 3 / 5, 1 / 5], atol=1e-12)
 
 
+def test_router_map_reads_the_routers_matrix():
+    # the map is built from attn.router.matrix() (the full router, whatever the variant stores)
+    model, _ = tiny()
+    known = torch.tensor([[0.0, 0.0, 2.0, 2.0, 0.0, 0.0], [0.0, 0.0, 2.0, 2.0, 0.0, 4.0]])
+    model.transformer.h[2].attn.router.matrix = lambda: known
+    M = analyze.router_map(model)
+    np.testing.assert_allclose(M[2, :3], [0, 2 / 3, 1 / 3], atol=1e-12)
+
+
 def test_router_map_variants():
     M = analyze.router_map(tiny(router='average')[0])
     for l in range(4):
@@ -118,6 +130,13 @@ def test_probe_accuracy():
 WORDS = ['is', 'are', 'was', 'were']
 
 
+def run_analyze(*args):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, 'analyze.py'), *args], cwd='/',
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert r.returncode == 0, r.stderr
+    return r
+
+
 def make_dataset(root, name='tiny_char', n_sent=1500):
     rng = np.random.default_rng(0)
     subj = ['the cat', 'dogs', 'it', 'they', 'he', 'we', 'this island', 'wares']
@@ -133,20 +152,24 @@ def make_dataset(root, name='tiny_char', n_sent=1500):
     n = int(0.8 * len(ids))
     ids[:n].tofile(d / 'train.bin')
     ids[n:].tofile(d / 'val.bin')
+    meta = {'vocab_size': len(chars), 'kind': 'char', 'stoi': stoi, 'itos': itos}
     with open(d / 'meta.pkl', 'wb') as f:
-        pickle.dump({'vocab_size': len(chars), 'kind': 'char', 'stoi': stoi, 'itos': itos}, f)
-    return len(chars), text[n:]
+        pickle.dump(meta, f)
+    return meta
 
 
-def save_run(out_dir, model_args, dataset, compiled_prefix, n_log=5, seed=0):
+def save_run(out_dir, model_args, dataset, compiled_prefix, n_log=5, seed=0, meta=None):
     torch.manual_seed(seed)
     model = GPT(GPTConfig(**model_args))
     sd = model.state_dict()
     if compiled_prefix:
         sd = {'_orig_mod.' + k: v for k, v in sd.items()}
     out_dir.mkdir()
-    torch.save({'model_args': model_args, 'model': sd, 'config': {'dataset': dataset},
-                'iter_num': 10, 'best_val_loss': 3.0}, out_dir / 'ckpt.pt')
+    ckpt = {'nanolime': 1, 'model_args': model_args, 'model': sd, 'config': {'dataset': dataset},
+            'iter_num': 10, 'best_val_loss': 3.0}
+    if meta is not None:  # the vocabulary, as train.py saves it (older checkpoints have none)
+        ckpt['meta'] = meta
+    torch.save(ckpt, out_dir / 'ckpt.pt')
     with open(out_dir / 'log.jsonl', 'w') as f:
         for i in range(n_log):
             row = {'iter': 10 * i, 'tokens': 1000 * (i + 1), 'flops': 1e9 * (i + 1),
@@ -169,30 +192,43 @@ def test_recorder_captures_w_v_and_block_outputs():
         h0 = model.transformer.h[0]
         kv = h0.attn.kv_proj(h0.ln_1(x)).view(2, 10, 2, -1)
         want_v = kv[:, :, 1].reshape(20, -1)
-        want_h = h0(x, model.rope, analyze_kv_buffer(model))
+        want_h = h0(x, model.rope, [])
     torch.testing.assert_close(reps['values'][0], want_v)
     torch.testing.assert_close(reps['hidden'][0], want_h.reshape(20, -1))
     assert len(reps['values']) == 2 and reps['values'][1].shape == (20, 2 * 8)
     assert not model.transformer.h[0]._forward_hooks  # hooks removed
 
 
-def analyze_kv_buffer(model):
-    import model as M
-    return M.KVBuffer(model.config.n_layer)
+@pytest.mark.parametrize('router', ['full', 'last-2', 'average'])
+def test_routed_values_are_what_attention_reads(router):
+    # the model's own router output (2, B, H_kv, T, d_h) = [k~; v~]: its v~ half, position by position
+    model, _ = tiny(router=router)
+    seen = {}
+    for l, block in enumerate(model.transformer.h[1:], 1):
+        block.attn.router.register_forward_hook(lambda m, inp, out, l=l: seen.__setitem__(l, out[1]))
+    idx = torch.randint(0, 30, (2, 10))
+    rec = analyze.Recorder(model)
+    reps = rec.run(idx)
+    rec.close()
+    assert len(reps['routed_values']) == 4
+    torch.testing.assert_close(reps['routed_values'][0], reps['values'][0])  # layer 0 reads its own values
+    for l, v in seen.items():  # (B, H_kv, T, d_h) -> (B * T, H_kv * d_h)
+        torch.testing.assert_close(reps['routed_values'][l], v.permute(0, 2, 1, 3).reshape(20, -1),
+                                   atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(reps['routed_values'][3], reps['values'][3])
 
 
 def test_analyze_end_to_end(tmp_path):
-    vocab, _ = make_dataset(tmp_path / 'data')
-    base = dict(block_size=64, vocab_size=vocab, n_layer=3, n_head=4, n_kv_head=2, n_embd=32)
-    save_run(tmp_path / 'out-lime', dict(base, lime=True), 'tiny_char', compiled_prefix=True)
+    meta = make_dataset(tmp_path / 'data')
+    base = dict(block_size=64, vocab_size=meta['vocab_size'], n_layer=3, n_head=4, n_kv_head=2, n_embd=32)
+    save_run(tmp_path / 'out-lime', dict(base, lime=True), 'tiny_char', compiled_prefix=True, meta=meta)
     save_run(tmp_path / 'out-base', dict(base, lime=False), 'tiny_char', compiled_prefix=False, seed=1)
     save_run(tmp_path / 'out-base6', dict(base, lime=False, n_layer=4), 'tiny_char', compiled_prefix=False)
     save_dir = tmp_path / 'analysis'
     dirs = [str(tmp_path / d) for d in ('out-lime', 'out-base', 'out-base6')]
-    results = analyze.main(dirs + ['--data_dir', str(tmp_path / 'data'), '--num_tokens=256',
-                                   '--max_per_word=25', '--probe_context=24', '--probe_iters=30',
-                                   f'--save_dir={save_dir}'])
-    assert len(results) == 3
+    r = run_analyze(*dirs, f'--data_dir={tmp_path / "data"}', '--num_tokens=256', '--max_per_word=25',
+                '--probe_context=24', '--probe_iters=30', f'--save_dir={save_dir}')
+    assert len(json.load(open(save_dir / 'summary.json'))['results']) == 3
     lime = json.load(open(save_dir / 'out-lime_analysis.json'))
     M = np.array(lime['router_map'])
     assert M.shape == (3, 3)
@@ -209,9 +245,13 @@ def test_analyze_end_to_end(tmp_path):
     base = json.load(open(save_dir / 'out-base_analysis.json'))
     assert base['router_map'] is None and 'routed_values' not in base['entropy']
     for f in ('entropy.csv', 'separability.csv', 'curves.csv', 'depth_sweep.csv', 'summary.json',
-              'entropy.png', 'separability.png', 'loss_vs_flops.png', 'loss_vs_tokens.png',
-              'depth_sweep.png', 'out-lime_router_map.csv', 'out-lime_router_map.png'):
+              'out-lime_router_map.csv'):
         assert (save_dir / f).exists(), f
+    pictures = ('entropy.png', 'separability.png', 'loss_vs_flops.png', 'loss_vs_tokens.png', 'depth_sweep.png',
+                'out-lime_router_map.png')  # matplotlib is optional: without it, CSV/JSON only
+    have_plt = importlib.util.find_spec('matplotlib') is not None
+    assert all((save_dir / f).exists() == have_plt for f in pictures)
+    assert ('CSV/JSON only' in r.stdout) != have_plt
     assert not (save_dir / 'out-base_router_map.csv').exists()
     sweep = (save_dir / 'depth_sweep.csv').read_text().splitlines()
     assert sweep[0] == 'run,family,n_layer,final_val_loss,flops'
@@ -219,8 +259,8 @@ def test_analyze_end_to_end(tmp_path):
     curves = (save_dir / 'curves.csv').read_text().splitlines()
     assert len(curves) == 1 + 3 * 5
     # without --save_dir, per-run files land in each out_dir
-    analyze.main([dirs[0], '--data_dir', str(tmp_path / 'data'), '--num_tokens=128',
-                  '--max_per_word=12', '--probe_context=16', '--probe_iters=20'])
+    run_analyze(dirs[0], f'--data_dir={tmp_path / "data"}', '--num_tokens=128', '--max_per_word=12',
+                '--probe_context=16', '--probe_iters=20')
     assert (tmp_path / 'out-lime' / 'analysis.json').exists()
     assert (tmp_path / 'out-lime' / 'router_map.csv').exists()
 
@@ -238,5 +278,27 @@ def test_recorder_and_router_map_on_variants(kw):
     M = analyze.router_map(model)
     if cfg['lime']:
         np.testing.assert_allclose(M.sum(1), 1.0, atol=1e-12)
-    rv = analyze.routed_values(model, reps['values'])
-    assert (rv is None) == (not cfg['lime'] or cfg['router'] == 'dynamic')
+    assert ('routed_values' in reps) == (cfg['lime'] and cfg['router'] != 'dynamic')
+
+
+def test_analyze_without_data_without_model_and_errors(tmp_path):
+    meta = make_dataset(tmp_path / 'data')
+    args = dict(block_size=64, vocab_size=meta['vocab_size'], n_layer=3, n_head=4, n_kv_head=2, n_embd=32, lime=True)
+    save_run(tmp_path / 'out-nodata', args, 'not_prepared', compiled_prefix=False, meta=meta)
+    (tmp_path / 'out-logonly').mkdir()  # a run without a checkpoint (yet): its curves only
+    (tmp_path / 'out-logonly' / 'log.jsonl').write_text(json.dumps({'iter': 0, 'tokens': 10, 'loss': 3.0}) + '\n')
+    dirs = [str(tmp_path / 'out-nodata'), str(tmp_path / 'out-logonly')]
+    r = run_analyze(*dirs, f'--data_dir={tmp_path / "data"}')
+    assert 'out-logonly: no ckpt.pt, curves only' in r.stdout and 'router map only' in r.stdout
+    res = json.load(open(tmp_path / 'out-nodata' / 'analysis.json'))
+    assert "unknown dataset 'not_prepared'" in res['skipped'] and len(res['router_map']) == 3
+    assert not (tmp_path / 'out-logonly' / 'analysis.json').exists()
+    # --no_model: curves and the depth sweep only, n_layer read from the checkpoint
+    r = run_analyze(*dirs, '--no_model=True', f'--save_dir={tmp_path / "sweep"}')
+    assert 'router map only' not in r.stdout and not (tmp_path / 'sweep' / 'out-nodata_analysis.json').exists()
+    sweep = (tmp_path / 'sweep' / 'depth_sweep.csv').read_text().splitlines()
+    assert sweep[1].startswith('out-nodata,LIMe,3,') and sweep[2].startswith('out-logonly,unknown,,')
+    r = subprocess.run([sys.executable, os.path.join(ROOT, 'analyze.py'), '--num_tokens=8'], cwd='/',
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and r.stderr.startswith('error: name the runs to analyze') and r.stdout == ''
+    assert len(r.stderr.splitlines()) == 1

@@ -8,14 +8,17 @@ import os
 import pickle
 import random
 import re
+import subprocess
 import sys
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 import arithmetic as A  # noqa: E402
+import prepare  # noqa: E402
 
 PAPER = '(7+5)/(6+4*3-2*7)=12/(6+4*3-2*7)=12/(6+12-2*7)=12/(18-2*7)=12/(18-14)=12/4=3'
 _BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
@@ -237,37 +240,79 @@ class OracleModel:
 
 def test_evaluate_with_oracle():
     meta = A._meta()
+    encode, decode = prepare.load_codec(meta)
     rng = random.Random(3)
     lines = [l for n in A.TIERS for l in A.generate(15, n, rng)]
-    res = A.evaluate(OracleModel(lines, meta['stoi'], meta['itos']), lines,
-                     meta['stoi'], meta['itos'], batch_size=4)
+    res = A.evaluate(OracleModel(lines, meta['stoi'], meta['itos']), lines, encode, decode, batch_size=4)
     assert res['accuracy'] == 1.0 and res['n'] == 45
     assert all(t['accuracy'] == 1.0 and t['exact_chain'] == 1.0 and t['n'] == 15
                for t in res['per_tier'].values())
-    res = A.evaluate(OracleModel(lines, meta['stoi'], meta['itos'], wrong_tier=5), lines,
-                     meta['stoi'], meta['itos'], batch_size=4)
+    res = A.evaluate(OracleModel(lines, meta['stoi'], meta['itos'], wrong_tier=5), lines, encode, decode,
+                     batch_size=4)
     assert res['per_tier']['5']['accuracy'] == 0.0 and res['per_tier']['6']['accuracy'] == 1.0
     assert abs(res['accuracy'] - 2 / 3) < 1e-9
 
 
-def test_cli_end_to_end_tiny_checkpoint(tmp_path):
-    import json
+def run_arithmetic(*args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, 'arithmetic.py'), *args], cwd='/',
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS='1'))
+
+
+def tiny_run(out, data_dir, meta=True):
+    """A tiny LIMe checkpoint of the AET's vocabulary in `out`, as train.py saves it."""
     import torch
     from model import GPT, GPTConfig
-    A.prepare(str(tmp_path / 'data' / 'arith_tiny'), samples=20, seed=1, n_val=5, n_test=6)
     args = dict(block_size=128, vocab_size=18, n_layer=2, n_head=2, n_kv_head=1, n_embd=16, lime=True)
     torch.manual_seed(0)
     model = GPT(GPTConfig(**args))
     sd = {'_orig_mod.' + k: v for k, v in model.state_dict().items()}  # as saved from torch.compile
-    out = tmp_path / 'out'
     out.mkdir()
-    torch.save({'model_args': args, 'model': sd, 'config': {'dataset': 'arith_tiny'}}, out / 'ckpt.pt')
-    res = A.main([f'--out_dir={out}', f'--data_dir={tmp_path / "data" / "arith_tiny"}',
-                  '--max_examples=3', '--batch_size=2'])
+    ckpt = {'nanolime': 1, 'model_args': args, 'model': sd, 'iter_num': 0,
+            'config': {'dataset': os.path.basename(data_dir), 'data_dir': os.path.dirname(data_dir)}}
+    if meta:
+        ckpt['meta'] = A._meta()
+    torch.save(ckpt, out / 'ckpt.pt')
+    return out
+
+
+def test_cli_end_to_end_tiny_checkpoint(tmp_path):
+    import json
+    data = tmp_path / 'data' / 'arith_tiny'
+    A.prepare(str(data), samples=20, seed=1, n_val=5, n_test=6)
+    out = tiny_run(tmp_path / 'out', str(data))
+    r = run_arithmetic(f'--out_dir={out}', '--max_examples=3', '--batch_size=2')  # the data dir from the ckpt
+    assert r.returncode == 0, r.stderr
     saved = json.load(open(out / 'arith_eval_test.json'))
     assert saved['n'] == 9 and sorted(saved['per_tier']) == ['4', '5', '6']
     assert all(t['n'] == 3 and 0 <= t['accuracy'] <= 1 for t in saved['per_tier'].values())
-    assert saved['accuracy'] == res['accuracy'] and saved['lime'] is True
+    assert f"overall accuracy {saved['accuracy']:.4f} on 9 examples" in r.stdout and saved['lime'] is True
+    assert saved['data_dir'] == str(data)
+    # --data_dir points elsewhere, --split=val; a checkpoint without its vocabulary uses the dataset's
+    other = tmp_path / 'other'
+    A.prepare(str(other), samples=20, seed=2, n_val=4, n_test=6)
+    out = tiny_run(tmp_path / 'out-old', str(data), meta=False)
+    r = run_arithmetic(f'--out_dir={out}', f'--data_dir={other}', '--split=val')
+    assert r.returncode == 0, r.stderr
+    saved = json.load(open(out / 'arith_eval_val.json'))
+    assert saved['n'] == 12 and saved['data_dir'] == str(other)
+
+
+def one_line_error(r):
+    assert r.returncode == 1 and r.stdout == ''
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: '), r.stderr
+    return lines[0]
+
+
+def test_cli_errors(tmp_path):
+    data = tmp_path / 'data' / 'arith_tiny'
+    out = tiny_run(tmp_path / 'out', str(data))
+    line = one_line_error(run_arithmetic(f'--out_dir={out}'))  # dataset not prepared
+    assert str(data / 'test.txt') in line and 'python prepare.py arithmetic' in line
+    line = one_line_error(run_arithmetic(f'--out_dir={out}', '--split=train'))
+    assert "split='train'" in line and "'test' or 'val'" in line
+    line = one_line_error(run_arithmetic('--max_exmaples=3'))
+    assert "unknown config key 'max_exmaples'" in line and "did you mean 'max_examples'?" in line
 
 
 def test_evaluate_counts_unfinished_generation_as_wrong():
@@ -278,7 +323,8 @@ def test_evaluate_counts_unfinished_generation_as_wrong():
     expr, rest = line.split('=', 1)
     model = OracleModel([line], meta['stoi'], meta['itos'])
     full = len('\n' + expr + '=') + len(rest)
-    res = A.evaluate(model, [line], meta['stoi'], meta['itos'], block_size=full)
+    encode, decode = prepare.load_codec(meta)
+    res = A.evaluate(model, [line], encode, decode, block_size=full)
     assert res['accuracy'] == 0.0 and res['failures'][0]['finished'] is False
-    res = A.evaluate(model, [line], meta['stoi'], meta['itos'], block_size=full + 1)
+    res = A.evaluate(model, [line], encode, decode, block_size=full + 1)
     assert res['accuracy'] == 1.0

@@ -1,9 +1,10 @@
-"""bench.py: end to end on a tiny config (subprocess), JSON records, summary line, memory helper.
+"""bench.py and dev/bench_detail.py on tiny shapes: records, table, ratios, errors, the one init, the
+memory measures. Nothing here asserts a timing: these check what is reported, not how fast.
 
-No timed assertions: these only check that the benchmark runs and reports what it should.
-"""
+One test compiles (test_compiled_setting_SLOW, about a minute or two on a shared 2-core CPU)."""
 import json
 import os
+import runpy
 import subprocess
 import sys
 
@@ -14,91 +15,218 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import bench  # noqa: E402
+from common import UserError  # noqa: E402
 
 TINY = ['--n_layer=2', '--n_embd=32', '--n_head=4', '--vocab_size=64', '--block_size=16', '--batch_size=2',
-        '--warmup=1', '--iters=2', '--decode_tokens=8', '--threads=1']
-FIELDS = ['setting', 'variant', 'n_kv_head', 'compile', 'params', 'step_ms', 'tok_s', 'mfu', 'train_tflops',
-          'mem_bytes', 'decode_tok_s_cache', 'decode_tok_s_nocache', 'step_ratio', 'mem_ratio', 'loss_last']
+        '--warmup=1', '--iters=2', '--threads=1', '--device=cpu']
+SHAPE = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, mlp_hidden=None)
+FIELDS = ['setting', 'variant', 'n_kv_head', 'compile', 'params', 'flops_per_token', 'step_ms', 'step_ms_samples',
+          'tok_s', 'mfu', 'mem_bytes', 'mem_method', 'loss_last', 'step_ratio', 'step_ratio_paired', 'mem_ratio']
 
 
-def run_bench(*args, tmp_path=None):
-    env = dict(os.environ, OMP_NUM_THREADS='1')
-    return subprocess.run([sys.executable, os.path.join(ROOT, 'bench.py'), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+def run(*args, script='bench.py', code=None):
+    """The script in a subprocess (or `code` through python -c, for tests that patch something first)."""
+    cmd = [sys.executable, '-c', code, *args] if code else [sys.executable, os.path.join(ROOT, script), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS='1'), capture_output=True,
+                          text=True, timeout=900)
 
 
-def test_end_to_end_json_and_summary(tmp_path):
+def rows(stdout, setting):
+    """Table rows of one setting: {variant: the row's fields after the variant}."""
+    return {p[1]: p[2:] for p in (line.split() for line in stdout.splitlines()) if p[:1] == [setting]}
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_json_table_and_ratios(tmp_path):
     out = tmp_path / 'bench.json'
-    p = run_bench(*TINY, '--variants=baseline,lime,lime-last-2,hc', '--settings=mha-eager,gqa-eager',
-                  f'--json={out}')
+    p = run(*TINY, '--variants=baseline,lime,lime-last-2,hc', '--settings=mha-eager,gqa-eager', f'--json={out}')
     assert p.returncode == 0, p.stderr
     recs = json.loads(out.read_text())['records']
-    assert len(recs) == 4 * 2  # one per variant x setting
-    assert {(r['setting'], r['variant']) for r in recs} == {
-        (s, v) for s in ('mha-eager', 'gqa-eager') for v in ('baseline', 'lime', 'lime-last-2', 'hc')}
+    assert [(r['setting'], r['variant']) for r in recs] == [
+        (s, v) for s in ('mha-eager', 'gqa-eager') for v in ('baseline', 'lime', 'lime-last-2', 'hc')]
     for r in recs:
-        for f in FIELDS:
-            assert f in r, f
-        assert r['step_ms'] > 0 and r['tok_s'] > 0 and r['mem_bytes'] > 0
-        assert r['decode_tok_s_cache'] > 0 and r['decode_tok_s_nocache'] > 0
-        assert r['mfu'] is None  # CPU, no --peak_flops
+        assert all(f in r for f in FIELDS), [f for f in FIELDS if f not in r]
+        assert r['step_ms'] > 0 and r['tok_s'] > 0 and r['mem_bytes'] > 0 and len(r['step_ms_samples']) == 2
+        assert r['mfu'] is None and r['mem_method'] == 'saved_for_backward'  # CPU, no --peak_flops
         assert r['n_kv_head'] == (4 if r['setting'] == 'mha-eager' else 1)
+        base = next(b for b in recs if b['setting'] == r['setting'] and b['variant'] == 'baseline')
+        assert r['step_ratio'] == pytest.approx(r['step_ms'] / base['step_ms'])
+        assert r['mem_ratio'] == pytest.approx(r['mem_bytes'] / base['mem_bytes'])
     by = {(r['setting'], r['variant']): r for r in recs}
-    assert by[('mha-eager', 'lime')]['router'] == 'full' and by[('mha-eager', 'lime-last-2')]['router'] == 'last-2'
-    assert by[('mha-eager', 'hc')]['hc'] == 4 and by[('mha-eager', 'baseline')]['step_ratio'] == 1.0
-    lines = p.stdout.strip().splitlines()
-    assert lines[-1].startswith('summary:')
-    assert 'lime/baseline step' in lines[-1] and 'hc/baseline step' in lines[-1] and 'mem' in lines[-1]
-    # the table lists HC when requested
-    assert any(line.split()[:2] == ['mha-eager', 'hc'] for line in lines)
+    assert by[('mha-eager', 'hc')]['mem_ratio'] > 1.2  # 4 residual streams: clearly more activations
+    assert by[('mha-eager', 'lime')]['params'] > by[('mha-eager', 'baseline')]['params']  # the routers
+    table = rows(p.stdout, 'mha-eager')
+    assert list(table) == ['baseline', 'lime', 'lime-last-2', 'hc']
+    assert table['baseline'][2] == '1.000' and table['baseline'][-1] == '1.000'  # x base columns
+    assert float(table['hc'][-1]) == pytest.approx(by[('mha-eager', 'hc')]['mem_ratio'], abs=1e-3)
+    assert 'mem: bytes saved for backward' in p.stdout and f'wrote {out}' in p.stdout
 
 
-def test_sequential_bf16_profile_and_peak_flops(tmp_path):
+def test_sequential_bfloat16_and_mfu(tmp_path):
     out = tmp_path / 'b.json'
-    p = run_bench(*TINY, '--variants=baseline,lime,hc-dynamic', '--decode=False', '--peak_flops=1e12',
-                  '--interleave=False', '--dtype=bfloat16', '--profile=True', '--profile_steps=1', f'--json={out}')
+    p = run(*TINY, '--variants=hc-dynamic,baseline', '--interleave=False', '--dtype=bfloat16',
+            '--peak_flops=1e12', f'--json={out}')
     assert p.returncode == 0, p.stderr
-    recs = json.loads(out.read_text())['records']
-    assert [r['variant'] for r in recs] == ['baseline', 'lime', 'hc-dynamic']
-    assert all(r['mfu'] is not None and r['mfu'] > 0 for r in recs)
-    assert 'decode_tok_s_cache' not in recs[0]
-    assert recs[0]['mem_method'] == 'saved_tensors+params+optimizer'
-    assert 'route bwd' in p.stdout and 'lime minus baseline' in p.stdout
+    data = json.loads(out.read_text())
+    recs = {r['variant']: r for r in data['records']}
+    for r in recs.values():  # MFU from model.estimate_mfu: 3 x forward FLOPs per token x tokens/s / peak
+        assert r['mfu'] == pytest.approx(3 * r['flops_per_token'] * r['tok_s'] / 1e12)
+    hc, base = recs['hc-dynamic'], recs['baseline']
+    assert hc['step_ratio'] == pytest.approx(hc['step_ms'] / base['step_ms'])
+    assert data['config']['interleave'] is False and data['config']['device'] == 'cpu'
 
 
-def fails_with(argv, capsys):
-    """In-process: argument errors exit before the benchmark touches any global torch state."""
-    with pytest.raises(SystemExit) as e:
-        bench.main(argv)
-    assert e.value.code != 0
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith('error:'), err
-    return err[0]
+# ----------------------------------------------------------------------------- compiled settings
+FAKE_COMPILE = """
+import runpy, sys, torch
+def fake_compile(model, **kw):  # LIMe 'fails to compile'; others run eagerly
+    assert kw.get('fullgraph') is True
+    if not model.config.lime:
+        return model
+    def fail(*a, **k):
+        raise RuntimeError("simulated compile failure\\n  with a second line")
+    return fail
+torch.compile = fake_compile
+sys.argv = ['bench.py'] + sys.argv[1:]
+runpy.run_path('bench.py', run_name='__main__')
+"""
 
 
-@pytest.mark.parametrize('arg, word', [('--n_layers=3', "did you mean 'n_layer'"),
-                                        ('--variants=baseline,limo', 'unknown variant'),
-                                        ('--variants=lime-bogus', 'unknown router'),
-                                        ('--settings=mha-eagr', "did you mean 'eager'"),
-                                        ('--settings=kv3', 'divisible'),
-                                        ('--iters=yes', 'expects int'),
-                                        ('--dtype=bf16', "did you mean 'bfloat16'")])
-def test_bad_arguments_fail_in_one_line(arg, word, capsys):
-    assert word in fails_with(TINY + [arg], capsys)
+def test_a_compile_failure_is_reported_and_the_rest_runs(tmp_path):
+    out = tmp_path / 'c.json'
+    p = run(*TINY, '--variants=baseline,lime,hc', '--settings=mha-compiled,mha-eager', f'--json={out}',
+            code=FAKE_COMPILE)
+    assert p.returncode == 0, p.stderr
+    recs = {(r['setting'], r['variant']): r for r in json.loads(out.read_text())['records']}
+    assert recs[('mha-compiled', 'lime')] == dict(setting='mha-compiled', variant='lime', error=(
+        'RuntimeError: simulated compile failure with a second line'))
+    assert recs[('mha-compiled', 'hc')]['step_ratio'] > 0 and recs[('mha-compiled', 'hc')]['compile'] == 'default'
+    assert recs[('mha-eager', 'lime')]['step_ms'] > 0  # the eager setting is not affected
+    assert 'lime  failed: RuntimeError: simulated compile failure' in p.stdout
+    assert [v for (s, v) in recs if s == 'mha-compiled'] == ['baseline', 'lime', 'hc']  # in the order asked
 
 
-def test_config_file_and_unknown_key_in_it(tmp_path, capsys):
+def test_an_eager_failure_is_not_swallowed():
+    code = FAKE_COMPILE.replace("torch.compile = fake_compile", """import model
+forward = model.GPT.forward
+def broken(self, *a, **k):
+    if self.config.lime:
+        raise RuntimeError('a bug in the model')
+    return forward(self, *a, **k)
+model.GPT.forward = broken""")
+    p = run(*TINY, '--variants=baseline,lime', code=code)
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+        'error: RuntimeError: a bug in the model (rerun with --debug for the traceback)']
+
+
+def test_compiled_setting_SLOW(tmp_path):
+    """The one real torch.compile run (fullgraph=True, inductor): tiny, but compiling takes a while."""
+    out = tmp_path / 'c.json'
+    p = run('--n_layer=2', '--n_embd=16', '--n_head=2', '--vocab_size=32', '--block_size=8', '--batch_size=1',
+            '--warmup=1', '--iters=1', '--threads=1', '--device=cpu', '--variants=baseline,lime',
+            '--settings=mha-compiled', f'--json={out}')
+    assert p.returncode == 0, p.stderr
+    recs = {r['variant']: r for r in json.loads(out.read_text())['records']}
+    assert recs['baseline']['compile'] == 'default' and recs['baseline']['mem_bytes'] > 0
+    # LIMe either compiles whole or is reported as failed, never crashing the bench
+    assert recs['lime'].get('mem_bytes', 0) > 0 or 'error' in recs['lime']
+
+
+# ----------------------------------------------------------------------------- errors
+@pytest.mark.parametrize('arg, words', [
+    ('--n_layers=3', "did you mean 'n_layer'"),
+    ('--variants=baseline,limo', "unknown variant 'limo'"),
+    ('--variants=lime-bogus', "unknown router 'bogus'"),
+    ('--variants=lime+value_residual', "variant 'lime+value_residual'"),
+    ('--settings=mha-eagr', "bad setting 'mha-eagr'"),
+    ('--settings=kv3-eager', 'dividing n_head=4'),
+    ('--iters=yes', 'expected int'),
+    ('--warmup=0', 'must be >= 1'),
+    ('--variants=lime,lime', 'distinct'),
+])
+def test_bad_arguments_are_user_errors_before_any_work(arg, words, monkeypatch, capsys):
+    """In-process (fast): bench.py's own checks raise UserError, which common.py prints as one line."""
+    monkeypatch.setattr(sys, 'argv', ['bench.py', *TINY, arg])
+    monkeypatch.setattr(sys, 'excepthook', sys.excepthook)  # configure() installs its own: restore it after
+    with pytest.raises(UserError) as e:
+        runpy.run_path(os.path.join(ROOT, 'bench.py'), run_name='__main__')
+    assert words in str(e.value) and '\n' not in str(e.value)
+    assert capsys.readouterr().out == ''  # nothing ran
+
+
+def test_a_bad_argument_prints_one_error_line():
+    p = run(*TINY, '--settings=mha-eagr')
+    assert p.returncode == 1 and p.stdout == '' and p.stderr.splitlines() == [
+        "error: bad setting 'mha-eagr': use <mha|gqa|kv<N>>-<eager|compiled|ro> with N dividing n_head=4, "
+        "e.g. --settings=mha-eager,gqa-compiled"]
+
+
+def test_config_files(tmp_path):
     bad = tmp_path / 'bad.py'
     bad.write_text("batchsize = 4\n")
-    assert "'batch_size'" in fails_with([str(bad)], capsys)
+    p = run(str(bad))
+    assert p.returncode == 1 and "unknown config key 'batchsize'" in p.stderr and "'batch_size'" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
     good = tmp_path / 'good.py'
-    good.write_text("n_layer = 2\nn_embd = 32\nvariants = 'baseline'\ndecode = False\n")
-    p = run_bench(str(good), *TINY[2:], '--n_head=2')
+    good.write_text("n_layer = 3\nvariants = 'baseline'\n")
+    p = run(str(good), *TINY[1:], '--n_head=2')
     assert p.returncode == 0, p.stderr
-    assert p.stdout.strip().splitlines()[-1].startswith('summary:')
+    assert 'L=3 ' in p.stdout and 'H=2 ' in p.stdout and list(rows(p.stdout, 'mha-eager')) == ['baseline']
 
 
-# ----------------------------------------------------------------------------- memory helper
+@pytest.mark.parametrize('name', ['bench_cpu_i', 'bench_cpu_ii', 'bench_cpu_iii', 'bench_1b', 'bench_deep_narrow_cpu'])
+def test_shipped_configs_load(name):
+    """Every key of the shipped configs is one bench.py knows (and dev/bench_detail.py, which shares them)."""
+    scope = {}
+    exec(open(os.path.join(ROOT, 'config', f'{name}.py')).read(), scope)
+    keys = {k for k in scope if not k.startswith('_')}
+    assert keys and keys <= set(vars(bench)), keys - set(vars(bench))
+    bench.parse_settings(scope['settings'], scope['n_head'], scope['n_kv_head'], scope.get('gqa_kv_head'))
+    shape = {k: scope.get(k, getattr(bench, k)) for k in SHAPE}
+    for v in scope['variants'].split(','):
+        bench.variant_config(v, shape)
+
+
+# ----------------------------------------------------------------------------- variants, settings, one init
+def test_variant_table():
+    c = bench.variant_config
+    assert not c('baseline', SHAPE).lime and c('baseline', SHAPE).hc == 0
+    assert c('lime', SHAPE).lime and c('lime', SHAPE).router == 'full'
+    assert c('lime-last-2', SHAPE).router == 'last-2' and c('lime-dynamic', SHAPE).router == 'dynamic'
+    assert (c('hc', SHAPE).hc, c('hc', SHAPE).hc_dynamic) == (4, False) and c('hc-dynamic', SHAPE).hc_dynamic
+    assert c('value_residual', SHAPE).value_residual and c('denseformer', SHAPE).denseformer
+    both = c('lime+hc', SHAPE)
+    assert both.lime and both.hc == 4
+    with pytest.raises(UserError, match="unknown variant 'hcx'"):
+        c('hcx', SHAPE)
+
+
+def test_a_variant_this_model_lacks_is_a_user_error(monkeypatch):
+    monkeypatch.setitem(bench.VARIANTS, 'future', dict(future_field=True))
+    with pytest.raises(UserError, match="variant 'future' is not supported by this model.py"):
+        bench.variant_config('future', SHAPE)
+
+
+def test_settings():
+    assert bench.parse_settings('mha-eager,gqa-compiled,kv4-ro', 8, None, None) == [
+        ('mha-eager', 8, None), ('gqa-compiled', 2, 'default'), ('kv4-ro', 4, 'reduce-overhead')]
+    assert bench.parse_settings('gqa-eager', 8, 4, None) == [('gqa-eager', 4, None)]  # the config's GQA
+    assert bench.parse_settings('gqa-eager', 8, None, 1) == [('gqa-eager', 1, None)]  # gqa_kv_head
+    for bad in ('', 'mha', 'mha-fast', 'xyz-eager', 'kv3-eager', 'kv-eager'):
+        with pytest.raises(UserError, match='bad setting'):
+            bench.parse_settings(bad, 8, None, None)
+
+
+@pytest.mark.parametrize('variant', ['lime', 'hc', 'lime-dynamic', 'denseformer', 'value_residual'])
+def test_every_variant_starts_from_the_baseline_init(variant):
+    state = bench.build_model('baseline', SHAPE, 8, 'cpu').state_dict()  # another seed: copied, not re-drawn
+    own = bench.build_model(variant, SHAPE, 7, 'cpu', state).state_dict()
+    assert set(state) <= set(own)
+    for k, v in state.items():
+        assert torch.equal(own[k], v), k
+
+
+# ----------------------------------------------------------------------------- memory measures
 def test_saved_tensor_bytes_counts_a_known_tensor():
     x = torch.randn(1000, requires_grad=True)
     out, n = bench.saved_tensor_bytes(lambda: x.exp())  # exp saves its result: 1000 floats
@@ -111,35 +239,48 @@ def test_saved_tensor_bytes_dedups_shared_storage():
     # sin and cos both save `a`, and a view of `a` saves its whole base storage: one storage, 400 bytes
     _, n = bench.saved_tensor_bytes(lambda: a.sin() + a.cos() + a[:10].sin().sum())
     assert n == 400
-    # excluded storages (e.g. parameters) are not counted
-    _, n = bench.saved_tensor_bytes(lambda: a.sin(), exclude={bench.storage_key(a)})
+    _, n = bench.saved_tensor_bytes(lambda: a.sin(), exclude={bench.storage_key(a)})  # e.g. parameters
     assert n == 0
-    # two distinct saved storages add up
-    b = torch.randn(50, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(50, dtype=torch.float64, requires_grad=True)  # two distinct storages add up
     _, n = bench.saved_tensor_bytes(lambda: a.sin().sum() + b.sin().sum())
     assert n == 400 + 400
 
 
-def test_model_and_optimizer_bytes():
-    lin = torch.nn.Linear(10, 5, bias=False)
-    assert bench.model_bytes(lin) == 200
-    opt = torch.optim.AdamW(lin.parameters())
-    lin(torch.randn(3, 10)).sum().backward()
-    opt.step()
-    assert bench.optim_bytes(opt) >= 2 * 200  # exp_avg, exp_avg_sq (+ step)
+def test_cuda_memory_measure_uses_the_indexed_device(monkeypatch):
+    """No GPU here: torch.cuda's memory calls are replaced by fakes that insist on an indexed device,
+    as every CUDA call must get one. The measure is the step's peak less what other variants hold."""
+    dev = torch.device('cuda:1')
+    calls = []
+
+    def fake(result):
+        def f(device):
+            assert isinstance(device, torch.device) and device.index == 1, device
+            calls.append(device)
+            return result
+        return f
+    monkeypatch.setattr(torch.cuda, 'synchronize', fake(None))
+    monkeypatch.setattr(torch.cuda, 'reset_peak_memory_stats', fake(None))
+    monkeypatch.setattr(torch.cuda, 'memory_allocated', fake(1000))
+    monkeypatch.setattr(torch.cuda, 'max_memory_allocated', fake(1600))
+    model = bench.build_model('lime', SHAPE, 0, 'cpu')  # the step itself runs on the CPU
+    r = dict(model=model, fwd=model, opt=model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.95), 'cpu'))
+    x = torch.randint(64, (1, 16))
+    assert bench.measure_memory(r, x, x, dev, torch.autocast('cpu', enabled=False), None) == 600
+    assert len(calls) == 5  # synchronize, memory_allocated, reset, synchronize, max_memory_allocated
 
 
-# ----------------------------------------------------------------------------- naming
-def test_variant_and_setting_names():
-    assert bench.variant_overrides('baseline') == dict(lime=False, hc=0)
-    assert bench.variant_overrides('lime') == dict(lime=True, router='full')
-    assert bench.variant_overrides('lime-first-4') == dict(lime=True, router='first-4')
-    assert bench.variant_overrides('hc') == dict(hc=4, hc_dynamic=False)
-    assert bench.variant_overrides('hc2-dynamic') == dict(hc=2, hc_dynamic=True)
-    with pytest.raises(ValueError):
-        bench.variant_overrides('hcx')
-    cfg = dict(n_head=8, n_kv_head=None, gqa_kv_head=None, compile=False, settings='mha-eager,gqa-compiled,kv4-ro')
-    assert bench.parse_settings(cfg) == [('mha-eager', 8, None), ('gqa-compiled', 2, 'default'),
-                                         ('kv4-ro', 4, 'reduce-overhead')]
-    cfg.update(settings='', n_kv_head=2, compile=True)
-    assert bench.parse_settings(cfg) == [('gqa-compiled', 2, 'default')]
+# ----------------------------------------------------------------------------- dev/bench_detail.py
+def test_bench_detail_all_sections():
+    p = run(*TINY, '--variants=baseline,lime', '--profile_steps=1', '--profile_top=3', '--decode_tokens=4',
+            '--decode_iters=1', '--depths=1,2', script='dev/bench_detail.py')
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert '[mha-eager] lime minus baseline, self ms per step' in out
+    assert '[mha-eager] decode: 4 new tokens' in out and 'tok/s cache' in out
+    assert 'lime: ratio 1.000x at 1 layers -> ' in out  # one layer: LIMe has no router, same memory
+
+
+def test_bench_detail_bad_section():
+    p = run('--sections=profil', script='dev/bench_detail.py')
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+        "error: --sections='profil': use a comma list of profile, decode and memory"]

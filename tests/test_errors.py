@@ -1,11 +1,13 @@
 """Bad input, crashes and interruptions: each one ends with a non-zero exit status and ONE line
 'error: ...' on stderr (no traceback), and never costs a good checkpoint.
 
-All runs are subprocesses of the real scripts. Faults are injected with NANOLIME_FAULT
-(nan@<iter>: a NaN loss; kill_in_save@<k>: SIGKILL half-way through the k-th checkpoint write).
+All runs are subprocesses of the real scripts. Faults are injected from outside: a `python -c`
+that patches torch or the model (a NaN loss, a SIGKILL half-way through a checkpoint write, weights
+gone non-finite on one DDP rank), then runs train.py with runpy.
 """
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,19 +15,16 @@ import time
 import pytest
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-import prepare  # noqa: E402
-import train  # noqa: E402
+from conftest import REPO
+import common
 
 TINY = ['--device=cpu', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
-        '--eval_iters=2', '--warmup_iters=2', '--lr_decay_iters=50', '--log_interval=1']
+        '--total_batch_size=128', '--eval_iters=2', '--warmup_iters=2', '--lr_decay_iters=50', '--log_interval=1']
 
 
 def env(**extra):
     e = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
-    for k in ('NANOLIME_FAULT', 'NANOLIME_DEBUG'):
+    for k in ('NANOLIME_DEBUG', 'RANK', 'LOCAL_RANK', 'WORLD_SIZE'):
         e.pop(k, None)
     e.update(extra)
     return e
@@ -34,6 +33,17 @@ def env(**extra):
 def run(script, *args, extra_env=None, timeout=300):
     return subprocess.run([sys.executable, script, *args], cwd=REPO, env=env(**(extra_env or {})),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def patched(patch):
+    """The command line of train.py with `patch` (Python source) run first in the same process."""
+    code = f"{patch}\nimport runpy, sys\nsys.argv[0] = 'train.py'\nrunpy.run_path('train.py', run_name='__main__')\n"
+    return [sys.executable, '-c', code]
+
+
+def run_patched(patch, *args, timeout=300):
+    return subprocess.run([*patched(patch), *args], cwd=REPO, env=env(), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def fails(p, *needles):
@@ -54,22 +64,7 @@ def ok(p):
 
 
 def ckpt_of(out_dir):
-    return train.load_checkpoint(os.path.join(out_dir, 'ckpt.pt'))
-
-
-@pytest.fixture(scope='session')
-def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp('data')
-    prepare.prepare_char(prepare.read_shakespeare()[:100_000], str(root / 'shakespeare_char'))
-    return str(root)
-
-
-@pytest.fixture(scope='session')
-def tiny_data_dir(tmp_path_factory):
-    """A dataset with only 200 validation tokens."""
-    root = tmp_path_factory.mktemp('tinydata')
-    prepare.prepare_char(prepare.read_shakespeare()[:2000], str(root / 'shakespeare_char'))
-    return str(root)
+    return common.load_checkpoint(os.path.join(out_dir, 'ckpt.pt'))
 
 
 @pytest.fixture(scope='session')
@@ -94,7 +89,10 @@ def trained(data_dir, tmp_path_factory):
     (['--n_embd=12', '--n_head=4'], ['must be even for RoPE']),
     (['--router=last-x'], ["unknown router 'last-x'", 'first-<j>']),
     (['--batch_size=0'], ['batch_size=0 must be >= 1']),
-    (['--gradient_accumulation_steps=0'], ['gradient_accumulation_steps=0 must be >= 1']),
+    (['--total_batch_size=0'], ['total_batch_size=0 must be >= 1']),
+    (['--batch_size=8', '--block_size=32', '--total_batch_size=1000'],
+     ['total_batch_size=1000 is not a multiple of batch_size * block_size * world_size = 8 * 32 * 1 = 256',
+      'set it to a multiple of 256']),
     (['--init_from=gpt2'], ["init_from='gpt2': expected 'scratch' or 'resume'"]),
     (['--dtype=float16', '--device=cpu'], ["dtype='float16' needs CUDA"]),
     (['--device=tpu'], ["device='tpu'"]),
@@ -129,13 +127,20 @@ def test_missing_data_names_the_prepare_command(tmp_path):
 
 
 def test_block_size_larger_than_data(tiny_data_dir):
-    fails(run('train.py', *TINY, f'--data_dir={tiny_data_dir}', '--block_size=256'),
+    fails(run('train.py', *TINY, f'--data_dir={tiny_data_dir}', '--block_size=256', '--total_batch_size=1024'),
           "block_size=256 is too large for dataset 'shakespeare_char'", 'val split has only 200 tokens')
 
 
+def test_total_batch_size_per_number_of_ranks(data_dir):
+    """The 1B config's 2M-token batch divides among 8 GPUs, not among 3: the error says so before any work."""
+    fails(run('train.py', 'config/train_fineweb_edu_1b.py', f'--data_dir={data_dir}', extra_env={'WORLD_SIZE': '3'}),
+          'total_batch_size=2097152 is not a multiple of batch_size * block_size * world_size = 8 * 2048 * 3')
+
+
 def test_debug_shows_the_traceback(data_dir):
-    p = run('train.py', f'--data_dir={data_dir}', '--n_layers=2', '--debug=True')
-    assert p.returncode != 0 and 'Traceback' in p.stderr and 'UserError' in p.stderr
+    for flag in ('--debug', '--debug=True'):
+        p = run('train.py', f'--data_dir={data_dir}', '--n_layers=2', flag)
+        assert p.returncode != 0 and 'Traceback' in p.stderr and 'UserError' in p.stderr
     p = run('train.py', f'--data_dir={data_dir}', '--n_layers=2', extra_env={'NANOLIME_DEBUG': '1'})
     assert p.returncode != 0 and 'Traceback' in p.stderr
 
@@ -186,11 +191,40 @@ def test_gpu_checkpoint_resumes_and_samples_on_cpu(trained, data_dir, tmp_path):
     assert 'at iter 5' in p.stdout and ckpt_of(str(out))['iter_num'] == 6
 
 
+def test_bare_debug_flag_trains(data_dir, tmp_path):
+    p = ok(run('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={tmp_path}', '--max_iters=2', '--debug'))
+    assert ckpt_of(str(tmp_path))['config']['debug'] is True and 'done: 2 iters' in p.stdout
+
+
+def test_checkpoint_without_the_newer_model_options_resumes(trained, data_dir, tmp_path):
+    """A checkpoint written before value_residual and denseformer existed: they were off."""
+    ck = torch.load(os.path.join(trained, 'ckpt.pt'), map_location='cpu', weights_only=True)
+    del ck['model_args']['value_residual'], ck['model_args']['denseformer']
+    torch.save(ck, tmp_path / 'ckpt.pt')
+    p = ok(run('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={tmp_path}', '--init_from=resume',
+               '--max_iters=6', '--eval_interval=2'))
+    assert 'at iter 5' in p.stdout and ckpt_of(str(tmp_path))['iter_num'] == 6
+
+
 # ----------------------------------------------------------------------------- crashes and signals
+NAN_AT_ITER_8 = """
+import model
+_forward, _calls = model.GPT.forward, [0]
+def forward(self, *args, **kwargs):
+    logits, loss = _forward(self, *args, **kwargs)
+    if self.training:
+        _calls[0] += 1
+        if _calls[0] == 8:
+            loss = loss * float('nan')
+    return logits, loss
+model.GPT.forward = forward
+"""
+
+
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
     out = str(tmp_path)
-    line = fails(run('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=20',
-                     '--eval_interval=5', extra_env={'NANOLIME_FAULT': 'nan@8'}),
+    line = fails(run_patched(NAN_AT_ITER_8, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=20',
+                             '--eval_interval=5'),
                  'loss is nan at iter 8: training stopped', 'the last good checkpoint', 'iter 5) is kept')
     assert out in line
     ck = ckpt_of(out)
@@ -199,19 +233,78 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
     assert not os.path.exists(os.path.join(out, 'ckpt.pt.tmp'))
 
 
+# the second torch.save writes half of its bytes, then the process dies as by `kill -9`
+KILL_IN_SECOND_SAVE = """
+import io, os, signal, torch
+_save, _calls = torch.save, [0]
+def save(obj, f, *args, **kwargs):
+    _calls[0] += 1
+    if _calls[0] < 2:
+        return _save(obj, f, *args, **kwargs)
+    buf = io.BytesIO()
+    _save(obj, buf, *args, **kwargs)
+    f.write(buf.getvalue()[:len(buf.getvalue()) // 2])
+    f.flush()
+    os.fsync(f.fileno())
+    os.kill(os.getpid(), signal.SIGKILL)
+torch.save = save
+"""
+
+
 def test_kill_during_save_leaves_the_previous_checkpoint(data_dir, tmp_path):
     out = str(tmp_path)
-    p = run('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=20', '--eval_interval=5',
-            extra_env={'NANOLIME_FAULT': 'kill_in_save@2'})
+    p = run_patched(KILL_IN_SECOND_SAVE, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=20',
+                    '--eval_interval=5')
     assert p.returncode == -signal.SIGKILL
     assert 'saved checkpoint' in p.stdout and '(iter 5)' in p.stdout and '(iter 10)' not in p.stdout
     assert os.path.getsize(os.path.join(out, 'ckpt.pt.tmp')) > 0  # the half-written file
-    with pytest.raises(train.UserError, match='truncated or not a checkpoint'):
-        train.load_checkpoint(os.path.join(out, 'ckpt.pt.tmp'))
+    with pytest.raises(common.UserError, match='truncated or not a checkpoint'):
+        common.load_checkpoint(os.path.join(out, 'ckpt.pt.tmp'))
     assert ckpt_of(out)['iter_num'] == 5
     p = ok(run('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=7', '--eval_interval=5',
                '--init_from=resume'))
     assert 'at iter 6' in p.stdout and ckpt_of(out)['iter_num'] == 7
+
+
+# on rank 1 only, the 4th optimizer step leaves a weight infinite (after that iteration's loss was computed)
+INF_WEIGHT_ON_RANK_1 = """
+import os, torch
+_step, _calls = torch.optim.AdamW.step, [0]
+def step(self, *args, **kwargs):
+    out = _step(self, *args, **kwargs)
+    _calls[0] += 1
+    if os.environ['RANK'] == '1' and _calls[0] == 4:
+        with torch.no_grad():
+            self.param_groups[0]['params'][0].view(-1)[0] = float('inf')
+    return out
+torch.optim.AdamW.step = step
+"""
+
+
+def test_non_finite_weights_on_one_rank_stop_every_rank(data_dir, tmp_path):
+    """Two DDP ranks (gloo), as torchrun starts them; one rank's weights go non-finite before a checkpoint:
+    every rank reaches the same verdict and exits with the same error, none waits in a collective."""
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    args = [*TINY, f'--data_dir={data_dir}', f'--out_dir={tmp_path}', '--max_iters=8', '--eval_interval=4',
+            '--total_batch_size=256']  # 4 x 32 tokens x 2 ranks
+    procs = [subprocess.Popen([*patched(INF_WEIGHT_ON_RANK_1), *args], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE='2', LOCAL_WORLD_SIZE='2',
+                                      MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port)))
+             for r in (0, 1)]
+    try:
+        results = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    want = 'the weights are not finite at iter 4: training stopped; no checkpoint was written by this run'
+    line0 = fails(subprocess.CompletedProcess([], procs[0].returncode, *results[0]), want)
+    line1 = fails(subprocess.CompletedProcess([], procs[1].returncode, *results[1]), want)
+    assert line1 == line0.replace('error: ', 'error: [rank 1] ')
+    assert not os.path.exists(os.path.join(tmp_path, 'ckpt.pt'))
 
 
 def test_sigint_saves_a_checkpoint_and_exits(data_dir, tmp_path):

@@ -7,7 +7,6 @@ import pickle
 import subprocess
 import sys
 import time
-import types
 
 import numpy as np
 import pytest
@@ -100,9 +99,10 @@ def test_char_codec_names_unknown_chars():
     assert 'z' in str(e.value) and 'Q' in str(e.value)
 
 
-def test_full_corpus_char_prep_skip_and_force(tmp_path, capsys):
+def test_full_corpus_char_prep_skip_and_force(tmp_path):
     t0 = time.time()
-    prepare.main(['--data_dir', str(tmp_path)])  # default dataset: shakespeare_char
+    r = run_prepare(f'--data_dir={tmp_path}')  # default dataset: shakespeare_char
+    assert r.returncode == 0, r.stderr
     assert time.time() - t0 < 30  # seconds, not minutes (generous: shared CPU)
     out = tmp_path / 'shakespeare_char'
     meta, train, val = load(out)
@@ -112,11 +112,11 @@ def test_full_corpus_char_prep_skip_and_force(tmp_path, capsys):
     assert decode(train[:14]) == prepare.read_shakespeare()[:14]
     good = (out / 'val.bin').read_bytes()
     (out / 'val.bin').write_bytes(b'junk')
-    capsys.readouterr()
-    prepare.main(['shakespeare_char', '--data_dir', str(tmp_path)])  # outputs exist: skipped
+    r = run_prepare('shakespeare_char', f'--data_dir={tmp_path}')  # outputs exist: skipped
     assert (out / 'val.bin').read_bytes() == b'junk'
-    assert 'skipping' in capsys.readouterr().out
-    prepare.main(['shakespeare_char', '--data_dir', str(tmp_path), '--force'])  # redone
+    assert r.returncode == 0 and 'skipping' in r.stdout
+    r = run_prepare('shakespeare_char', f'--data_dir={tmp_path}', '--force=True')  # redone
+    assert r.returncode == 0, r.stderr
     assert (out / 'val.bin').read_bytes() == good
 
 
@@ -172,8 +172,8 @@ def test_fineweb_local_files(tmp_path):
     pd.DataFrame({'text': docs[6:9]}).to_parquet(tmp_path / 'b.parquet')
     (tmp_path / 'c.txt').write_text('\n\n'.join(d.replace('\n', ' ') for d in docs[9:]))  # .txt: paragraphs
     expect = docs[:9] + [d.replace('\n', ' ') for d in docs[9:]]
-    files = [str(tmp_path / n) for n in ('a.jsonl', 'b.parquet', 'c.txt')]
-    r = run_prepare('fineweb_edu', '--files', *files, '--data_dir', str(tmp_path / 'o1'), '--num_proc', '2')
+    files = ','.join(str(tmp_path / n) for n in ('a.jsonl', 'b.parquet', 'c.txt'))
+    r = run_prepare('fineweb_edu', f'--files={files}', f'--data_dir={tmp_path / "o1"}', '--num_proc=2')
     assert r.returncode == 0, r.stderr
     meta, train, val = load(tmp_path / 'o1' / 'fineweb_edu')
     assert meta == {'vocab_size': 50257, 'kind': 'bpe', 'encoding': 'gpt2'}
@@ -184,19 +184,19 @@ def test_fineweb_local_files(tmp_path):
     assert decode(val).split('<|endoftext|>')[1:] == expect[:1]  # doc 0 (every 200th) -> val
     assert decode(train).split('<|endoftext|>')[1:] == expect[1:]  # order kept across processes
     # a token cap: the same stream, cut; single process gives the same ids
-    prepare.main(['fineweb_edu', '--files', *files, '--data_dir', str(tmp_path / 'o2'),
-                  '--num_proc', '1', '--num_tokens', '60'])
+    r = run_prepare('fineweb_edu', f'--files={files}', f'--data_dir={tmp_path / "o2"}', '--num_proc=1',
+                    '--num_tokens=60')
+    assert r.returncode == 0, r.stderr
     _, train2, val2 = load(tmp_path / 'o2' / 'fineweb_edu')
     assert len(train2) + len(val2) == 60
     assert list(val2) == list(val) and list(train2) == list(train[:60 - len(val)])
 
 
-def test_fineweb_file_without_text_column(tmp_path, capsys):
+def test_fineweb_file_without_text_column(tmp_path):
     (tmp_path / 'bad.jsonl').write_text(json.dumps({'content': 'hi'}) + '\n')
-    with pytest.raises(SystemExit) as e:
-        prepare.main(['fineweb_edu', '--files', str(tmp_path / 'bad.jsonl'), '--data_dir', str(tmp_path)])
-    assert e.value.code != 0
-    err = capsys.readouterr().err.strip()
+    r = run_prepare('fineweb_edu', f'--files={tmp_path / "bad.jsonl"}', f'--data_dir={tmp_path}')
+    assert r.returncode == 1
+    err = r.stderr.strip()
     assert err.startswith('error:') and "'text'" in err and len(err.splitlines()) == 1
 
 
@@ -212,16 +212,15 @@ def one_line_error(r):
 def test_unknown_dataset_one_line_error():
     r = run_prepare('tinystories')
     line = one_line_error(r)
-    assert r.returncode == 2
+    assert r.returncode == 1
     assert "unknown dataset 'tinystories'" in line and all(name in line for name in prepare.DATASETS)
 
 
 def test_missing_files_one_line_error(tmp_path):
-    line = one_line_error(run_prepare('fineweb_edu', '--files', str(tmp_path / 'nope.jsonl'),
-                                      '--data_dir', str(tmp_path)))
+    line = one_line_error(run_prepare('fineweb_edu', f'--files={tmp_path / "nope.jsonl"}', f'--data_dir={tmp_path}'))
     assert 'nope.jsonl' in line
     assert not (tmp_path / 'fineweb_edu').exists()
-    line = one_line_error(run_prepare('shakespeare', '--files', str(tmp_path / 'x.txt'), '--data_dir', str(tmp_path)))
+    line = one_line_error(run_prepare('shakespeare', f'--files={tmp_path / "x.txt"}', f'--data_dir={tmp_path}'))
     assert '--files' in line and 'fineweb_edu' in line
 
 
@@ -230,7 +229,7 @@ def test_hub_unreachable_one_line_error(tmp_path):
     env = {k: v for k, v in os.environ.items() if 'proxy' not in k.lower() and k != 'HF_HUB_OFFLINE'}
     env['HF_ENDPOINT'] = 'https://hub.invalid'
     t0 = time.time()
-    line = one_line_error(run_prepare('fineweb_edu', '--data_dir', str(tmp_path), env=env))
+    line = one_line_error(run_prepare('fineweb_edu', f'--data_dir={tmp_path}', env=env))
     assert time.time() - t0 < 60
     assert 'hub' in line and '--files' in line
 
@@ -241,12 +240,31 @@ def test_dataset_dir_and_names(tmp_path):
     assert set(prepare.DATASETS) == {'shakespeare_char', 'shakespeare', 'fineweb_edu', 'arithmetic'}
 
 
-def test_arithmetic_dispatch(tmp_path, monkeypatch):
+# prepare.py run as a script with a stand-in arithmetic module that records what it is asked to do
+DISPATCH = """
+import json, runpy, sys, types
+fake = types.ModuleType('arithmetic')
+fake.prepare = lambda out_dir, **kw: print(json.dumps([out_dir, kw]))
+sys.modules['arithmetic'] = fake
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def test_arithmetic_dispatch(tmp_path):
     calls = []
-    fake = types.ModuleType('arithmetic')
-    fake.prepare = lambda out_dir, **kw: calls.append((out_dir, kw))
-    monkeypatch.setitem(sys.modules, 'arithmetic', fake)
-    prepare.main(['arithmetic', '--data_dir', str(tmp_path), '--samples', '123', '--seed', '7', '--force'])
-    prepare.main(['arithmetic', '--data_dir', str(tmp_path)])
-    assert calls == [(str(tmp_path / 'arithmetic'), {'samples': 123, 'seed': 7, 'force': True}),
-                     (str(tmp_path / 'arithmetic'), {'seed': 1337, 'force': False})]
+    for args in (['arithmetic', f'--data_dir={tmp_path}', '--samples=123', '--seed=7', '--force=True'],
+                 ['arithmetic', f'--data_dir={tmp_path}']):
+        r = subprocess.run([sys.executable, '-c', DISPATCH, os.path.join(ROOT, 'prepare.py'), *args],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        calls.append(json.loads(r.stdout))
+    assert calls == [[str(tmp_path / 'arithmetic'), {'samples': 123, 'seed': 7, 'force': True}],
+                     [str(tmp_path / 'arithmetic'), {'seed': 1337, 'force': False}]]
+
+
+def test_config_errors_one_line(tmp_path):
+    line = one_line_error(run_prepare('shakespeare', '--num_tokenz=5'))
+    assert "unknown config key 'num_tokenz'" in line and "did you mean 'num_tokens'?" in line
+    line = one_line_error(run_prepare('fineweb_edu', '--num_tokens=many'))
+    assert 'num_tokens' in line and 'expected int' in line

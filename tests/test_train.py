@@ -1,10 +1,14 @@
 """train.py / sample.py end to end on the CPU: tiny models, a small char dataset in a temp dir.
 
 Every run is a subprocess of the real script (OMP_NUM_THREADS=1, seeded, fp32), so what is
-tested is what a user runs. The slowest parts: DDP (torchrun, 2 gloo ranks) and torch.compile.
+tested is what a user runs. What a CPU cannot run (CUDA) is patched in from outside: a
+`python -c` that replaces torch.cuda's functions, then runs train.py with runpy.
+The slowest parts: DDP (torchrun, 2 gloo ranks) and torch.compile.
 """
 import json
+import math
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -12,29 +16,33 @@ import sys
 import pytest
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from conftest import REPO
+import common
+from model import GPT, GPTConfig
 
-import prepare  # noqa: E402
-import train  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
-
+# 8 sequences x 32 tokens per micro-step, one micro-step per iteration
 TINY = ['--device=cpu', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=8',
-        '--eval_iters=4', '--warmup_iters=5', '--log_interval=1', '--learning_rate=3e-3', '--min_lr=3e-4']
+        '--total_batch_size=256', '--eval_iters=4', '--warmup_iters=5', '--log_interval=1', '--learning_rate=3e-3',
+        '--min_lr=3e-4']
 
 
 def env(**extra):
     e = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
-    e.pop('NANOLIME_FAULT', None)
-    e.pop('NANOLIME_DEBUG', None)
+    for k in ('NANOLIME_DEBUG', 'RANK', 'LOCAL_RANK', 'WORLD_SIZE'):
+        e.pop(k, None)
     e.update(extra)
     return e
 
 
 def run(script, *args, timeout=300, extra_env=None, cmd=None):
-    p = subprocess.run((cmd or [sys.executable, script]) + list(args), cwd=REPO, env=env(**(extra_env or {})),
-                       capture_output=True, text=True, timeout=timeout)
-    return p
+    return subprocess.run((cmd or [sys.executable, script]) + list(args), cwd=REPO, env=env(**(extra_env or {})),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_patched(patch, *args, extra_env=None, timeout=300):
+    """train.py with `patch` (Python source) run first in the same process."""
+    code = f"{patch}\nimport runpy, sys\nsys.argv[0] = 'train.py'\nrunpy.run_path('train.py', run_name='__main__')\n"
+    return run(None, *args, extra_env=extra_env, timeout=timeout, cmd=[sys.executable, '-c', code])
 
 
 def ok(p):
@@ -50,14 +58,6 @@ def read_log(out_dir):
 
 def load(out_dir):
     return torch.load(os.path.join(out_dir, 'ckpt.pt'), map_location='cpu', weights_only=True)
-
-
-@pytest.fixture(scope='session')
-def data_dir(tmp_path_factory):
-    """<tmp>/shakespeare_char: the first 200k characters of the corpus, prepared by prepare.py's writer."""
-    root = tmp_path_factory.mktemp('data')
-    prepare.prepare_char(prepare.read_shakespeare()[:200_000], str(root / 'shakespeare_char'))
-    return str(root)
 
 
 @pytest.fixture(scope='session')
@@ -82,13 +82,14 @@ def test_end_to_end_loss_falls_checkpoint_resume_sample(trained, data_dir, tmp_p
     assert ck['nanolime'] == 1 and ck['iter_num'] == 30
     assert not any(k.startswith(('_orig_mod.', 'module.')) for k in ck['model'])
     assert ck['config']['dataset'] == 'shakespeare_char' and ck['config']['data_dir'] == data_dir
+    assert ck['config']['total_batch_size'] == 256
     assert ck['model_args']['lime'] is True and ck['best_val_loss'] == pytest.approx(evals[-1]['val_loss'])
     assert {'optimizer', 'rng', 'meta', 'tokens', 'flops'} <= set(ck)
     # the router group follows the same schedule shape at its own peak
     last_lr = log[-1]['lr']
     for g in ck['optimizer']['param_groups']:
         assert g['lr'] == pytest.approx(g['peak_lr'] * last_lr / 3e-3)
-    assert {g['name'] for g in ck['optimizer']['param_groups']} == {'decay', 'no_decay', 'router'}
+    assert any(g['peak_lr'] == 1e-2 for g in ck['optimizer']['param_groups'])  # router_lr
 
     # resume: continues at iter 31, keeps the earlier log lines
     p2 = ok(run('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=40',
@@ -112,7 +113,7 @@ def test_log_fields_and_flop_accounting(trained):
     ck = load(out)
     fpt = GPT(GPTConfig(**ck['model_args'])).flops_per_token(ck['model_args']['block_size'])
     tokens_per_iter = 8 * 32 * 1 * 1
-    assert f'= {tokens_per_iter:,} tokens/iter' in p.stdout
+    assert f'x 1 accumulation steps x 1 ranks = {tokens_per_iter:,} tokens/iter' in p.stdout
     for r in log:
         assert r['tokens'] == r['iter'] * tokens_per_iter
         assert r['flops'] == 3 * fpt * r['tokens']
@@ -121,6 +122,15 @@ def test_log_fields_and_flop_accounting(trained):
             assert r['mfu'] is None  # no peak known on a CPU
             assert r['tokens_per_s'] == pytest.approx(tokens_per_iter / (r['dt_ms'] / 1000))
     assert ck['flops'] == 3 * fpt * 30 * tokens_per_iter and ck['tokens'] == 30 * tokens_per_iter
+
+
+def test_lr_schedule(trained):
+    """Linear warm-up to learning_rate at warmup_iters, cosine down to min_lr at lr_decay_iters."""
+    lrs = {r['iter']: r['lr'] for r in read_log(trained[0]) if 'lr' in r}
+    assert sorted(lrs) == list(range(1, 31))
+    for it, lr in lrs.items():  # --learning_rate=3e-3 --min_lr=3e-4 --warmup_iters=5 --lr_decay_iters=40
+        want = 3e-3 * it / 5 if it <= 5 else 3e-4 + 0.5 * (1 + math.cos(math.pi * (it - 5) / 35)) * (3e-3 - 3e-4)
+        assert lr == pytest.approx(want), it
 
 
 def test_mfu_with_peak_flops(data_dir, tmp_path):
@@ -132,13 +142,23 @@ def test_mfu_with_peak_flops(data_dir, tmp_path):
     assert 'mfu ' in p.stdout
 
 
+def test_peak_flops_table():
+    """Dense bf16 peaks by GPU name: the PCIe and NVL H100s are slower than the SXM one."""
+    assert common.peak_flops('NVIDIA H100 PCIe') == 756e12
+    assert common.peak_flops('NVIDIA H100 NVL') == 835e12
+    assert common.peak_flops('NVIDIA H100 80GB HBM3') == 989e12
+    assert common.peak_flops('NVIDIA H200') == 989e12
+    assert common.peak_flops('NVIDIA A100-SXM4-80GB') == 312e12
+    assert common.peak_flops('Tesla T4') is None
+
+
 def test_resume_is_exact(data_dir, tmp_path):
     """N iterations in one run == N/2, then a resumed N/2: same losses, bit-identical weights and optimizer."""
-    common = [*TINY, f'--data_dir={data_dir}', '--lr_decay_iters=20', '--eval_interval=5', '--dropout=0.1']
+    args = [*TINY, f'--data_dir={data_dir}', '--lr_decay_iters=20', '--eval_interval=5', '--dropout=0.1']
     full, half = str(tmp_path / 'full'), str(tmp_path / 'half')
-    ok(run('train.py', *common, f'--out_dir={full}', '--max_iters=20'))
-    ok(run('train.py', *common, f'--out_dir={half}', '--max_iters=10'))
-    ok(run('train.py', *common, f'--out_dir={half}', '--max_iters=20', '--init_from=resume'))
+    ok(run('train.py', *args, f'--out_dir={full}', '--max_iters=20'))
+    ok(run('train.py', *args, f'--out_dir={half}', '--max_iters=10'))
+    ok(run('train.py', *args, f'--out_dir={half}', '--max_iters=20', '--init_from=resume'))
     la = [(r['iter'], r['loss'], r['lr']) for r in read_log(full) if 'loss' in r]
     lb = [(r['iter'], r['loss'], r['lr']) for r in read_log(half) if 'loss' in r]
     assert [i for i, _, _ in la] == list(range(1, 21))
@@ -152,24 +172,48 @@ def test_resume_is_exact(data_dir, tmp_path):
         assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+def test_accumulation_is_derived_from_total_batch_size(data_dir, tmp_path):
+    """total_batch_size=512 in micro-steps of 8 x 32 tokens: 2 accumulation steps, and the same training
+    (to rounding) as one micro-step of 16 sequences, which draws the same 16 windows."""
+    args = [*TINY, f'--data_dir={data_dir}', '--max_iters=4', '--lr_decay_iters=10', '--eval_interval=100',
+            '--total_batch_size=512']
+    two, one = str(tmp_path / 'two'), str(tmp_path / 'one')
+    p = ok(run('train.py', *args, f'--out_dir={two}'))
+    assert 'global batch: 8 seqs x 32 tokens x 2 accumulation steps x 1 ranks = 512 tokens/iter' in p.stdout
+    ok(run('train.py', *args, f'--out_dir={one}', '--batch_size=16'))
+    la, lb = read_log(two), read_log(one)
+    assert [r['tokens'] for r in la if 'loss' in r] == [512, 1024, 1536, 2048]
+    assert [r['loss'] for r in la if 'loss' in r] == pytest.approx([r['loss'] for r in lb if 'loss' in r], rel=1e-5)
+
+
 def test_ddp_cpu_two_ranks(data_dir, tmp_path):
-    """torchrun, 2 gloo ranks, gradient accumulation: both ranks end with identical weights."""
+    """torchrun, 2 gloo ranks, gradient accumulation: both ranks end with identical weights, and DDP does
+    not broadcast the model's buffers at every forward."""
     out = str(tmp_path / 'ddp')
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py']
-    p = ok(run(None, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=6',
-               '--lr_decay_iters=10', '--eval_interval=3', '--gradient_accumulation_steps=2', cmd=cmd))
-    tokens_per_iter = 8 * 32 * 2 * 2  # batch x block x accumulation x world
-    assert f'x 2 ranks = {tokens_per_iter:,} tokens/iter' in p.stdout
+    spy = tmp_path / 'ddp_spy.py'  # train.py, with DDP reporting whether it syncs buffers every forward
+    spy.write_text("import runpy, sys, torch.nn.parallel as par\n"
+                   "init = par.DistributedDataParallel.__init__\n"
+                   "def spied(self, *a, **kw):\n"
+                   "    init(self, *a, **kw)\n"
+                   "    print('spy: buffers synced every forward:', self.will_sync_module_buffers(), flush=True)\n"
+                   "par.DistributedDataParallel.__init__ = spied\n"
+                   "sys.argv[0] = 'train.py'\n"
+                   "runpy.run_path('train.py', run_name='__main__')\n")
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', str(spy)]
+    args = [*TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--lr_decay_iters=10', '--eval_interval=3',
+            '--total_batch_size=1024']  # batch x block x accumulation x world = 8 x 32 x 2 x 2
+    p = ok(run(None, *args, '--max_iters=6', cmd=cmd))
+    assert 'x 2 accumulation steps x 2 ranks = 1,024 tokens/iter' in p.stdout
     assert 'ddp: weights identical on all 2 ranks' in p.stdout
+    # the RoPE tables are the same on every rank: no broadcast of them at every forward
+    assert p.stdout.count('spy: buffers synced every forward: False') == 2
     log = read_log(out)
-    assert [r['tokens'] for r in log if 'loss' in r] == [i * tokens_per_iter for i in range(1, 7)]
+    assert [r['tokens'] for r in log if 'loss' in r] == [i * 1024 for i in range(1, 7)]
     ck = load(out)
     assert ck['world_size'] == 2 and len(ck['rng']) == 2 and ck['iter_num'] == 6
     assert ck['rng'][0]['data'] != ck['rng'][1]['data']  # each rank draws its own batches
     # an exact resume of both ranks' data streams, as a single DDP run of 6 would not tell: resume to 8
-    p2 = ok(run(None, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=8',
-                '--lr_decay_iters=10', '--eval_interval=3', '--gradient_accumulation_steps=2',
-                '--init_from=resume', cmd=cmd))
+    p2 = ok(run(None, *args, '--max_iters=8', '--init_from=resume', cmd=cmd))
     assert 'at iter 7' in p2.stdout and 'weights identical on all 2 ranks' in p2.stdout
 
 
@@ -188,38 +232,123 @@ def test_compile_smoke_cpu(data_dir, tmp_path):
     assert not any(k.startswith('_orig_mod.') for k in load(out)['model'])
 
 
-# ----------------------------------------------------------------------------- in-process units
-def test_config_parsing_types_and_files(tmp_path):
-    d = train.config_defaults(vars(train))
-    c = train.parse_config(d, ['--learning_rate=1', '--compile=False', '--n_kv_head=2', '--out_dir=2024',
-                               '--router=first-2'])
+# torch.cuda as on a machine with FAKE_GPUS H100s, as far as train.py's setup goes; set_device checks its
+# argument as torch does. Placing the model (Module.to) records the device and ends the run with status 17.
+FAKE_CUDA = """
+import os, sys, torch, torch.distributed
+n = int(os.environ['FAKE_GPUS'])
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: n
+torch.cuda.is_bf16_supported = lambda *a, **k: True
+def set_device(device):
+    index = torch.cuda._get_device_index(device)  # ValueError for 'cuda' without an index
+    assert 0 <= index < n, index
+    print('set_device', index)
+torch.cuda.set_device = set_device
+def get_device_name(device=None):
+    torch.cuda._get_device_index(device)
+    return 'NVIDIA H100 80GB HBM3'
+torch.cuda.get_device_name = get_device_name
+torch.distributed.init_process_group = lambda backend=None, **k: print('init_process_group', backend)
+def to(self, *args, **kwargs):
+    print('placed on', args[0] if args else kwargs['device'], flush=True)
+    raise SystemExit(17)
+torch.nn.Module.to = to
+"""
+
+
+@pytest.mark.parametrize('gpus, torchrun, want', [(1, None, 'cuda:0'), (2, None, 'cuda:0'), (2, 1, 'cuda:1')])
+def test_cuda_setup_reaches_model_placement(gpus, torchrun, want, data_dir, tmp_path):
+    """With one or two (fake) GPUs, `python train.py` and a torchrun rank get through device setup to place
+    the model on an indexed device: rank 1 on cuda:1."""
+    extra = {'FAKE_GPUS': str(gpus)}
+    if torchrun is not None:
+        extra.update(RANK=str(torchrun), LOCAL_RANK=str(torchrun), WORLD_SIZE='2', LOCAL_WORLD_SIZE='2')
+    args = [a for a in TINY if not a.startswith(('--device', '--total_batch_size'))]
+    p = run_patched(FAKE_CUDA, *args, f'--data_dir={data_dir}', f'--out_dir={tmp_path}', '--device=auto',
+                    f'--total_batch_size={256 * (2 if torchrun is not None else 1)}', extra_env=extra)
+    assert p.returncode == 17, p.stdout + p.stderr
+    assert f'placed on {want}' in p.stdout and f'set_device {want[-1]}' in p.stdout
+    assert ('init_process_group nccl' in p.stdout) == (torchrun is not None)
+
+
+def test_no_step_outlives_the_next_forward(data_dir, tmp_path):
+    """Nothing of a training step (its logits, its loss, its autograd graph with whatever the model keeps on it,
+    as LIMe's routing keeps its buffer) is alive when the next forward starts: two steps never coexist."""
+    patch = """
+import weakref, torch, model
+class Token:
+    pass
+class Tagged(torch.autograd.Function):  # keeps a Token on the graph, alive exactly as long as the graph
+    @staticmethod
+    def forward(ctx, loss):
+        ctx.token = Token()
+        _alive.append(weakref.ref(ctx.token))
+        return loss.view_as(loss)
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+_forward, _alive = model.GPT.forward, []
+def forward(self, *args, **kwargs):
+    if not self.training:
+        return _forward(self, *args, **kwargs)
+    alive = [r() for r in _alive if r() is not None]
+    if alive:
+        raise SystemExit(f'still alive at the next forward: {[type(t).__name__ for t in alive]}')
+    logits, loss = _forward(self, *args, **kwargs)
+    _alive[:] = [weakref.ref(logits), weakref.ref(loss)]
+    return logits, Tagged.apply(loss)
+model.GPT.forward = forward
+"""
+    ok(run_patched(patch, *TINY, f'--data_dir={data_dir}', f'--out_dir={tmp_path}', '--max_iters=4',
+                   '--lr_decay_iters=10', '--eval_interval=2', '--total_batch_size=512'))  # 2 micro-steps
+
+
+# ----------------------------------------------------------------------------- configuration
+@pytest.fixture
+def train_config(monkeypatch):
+    """The config train.py ends up with for some command-line arguments (run in-process, up to configure())."""
+    class Configured(Exception):
+        pass
+
+    def configure(namespace, argv=None, **kwargs):
+        raise Configured(real(namespace, argv, **kwargs))
+    real = common.configure
+    monkeypatch.setattr(common, 'configure', configure)
+
+    def config_of(*argv):
+        monkeypatch.setattr(sys, 'argv', ['train.py', *argv])
+        monkeypatch.setattr(sys, 'excepthook', sys.excepthook)
+        monkeypatch.chdir(REPO)
+        with pytest.raises(Configured) as e:
+            runpy.run_path('train.py', run_name='__main__')
+        return e.value.args[0]
+    return config_of
+
+
+def test_config_parsing_types_and_files(train_config, tmp_path):
+    c = train_config('--learning_rate=1', '--compile=False', '--n_kv_head=2', '--out_dir=2024', '--router=first-2')
     assert c['learning_rate'] == 1.0 and type(c['learning_rate']) is float
     assert c['compile'] is False and c['n_kv_head'] == 2 and c['out_dir'] == '2024' and c['router'] == 'first-2'
     f = tmp_path / 'cfg.py'
     f.write_text("import math\n_helper = 3\nn_layer = _helper * 2\nbatch_size = 4\n")
-    c = train.parse_config(d, [str(f), '--batch_size=8'])
+    c = train_config(str(f), '--batch_size=8')
     assert c['n_layer'] == 6 and c['batch_size'] == 8  # the command line wins over the file
+    assert train_config('--debug')['debug'] is True
+    assert train_config('--eval_only')['eval_only'] is True  # a bare flag sets a bool key
     for bad, msg in [(['--lime=1'], 'expected bool, got int'), (['--batch_size=2.5'], 'expected int, got float'),
                      (['--n_layers=3'], "did you mean 'n_layer'"), (['--compile=maybe'], "expected 'auto'"),
-                     (['--batch_size'], 'expected --key=value')]:
-        with pytest.raises(train.UserError, match=msg):
-            train.parse_config(d, bad)
+                     (['--batch_size'], 'expected --key=value'),
+                     (['--gradient_accumulation_steps=2'], "unknown config key 'gradient_accumulation_steps'")]:
+        with pytest.raises(common.UserError, match=msg):
+            train_config(*bad)
 
 
-def test_cosine_schedule():
-    lr = lambda it: train.cosine_lr(it, 1e-3, 10, 110, 1e-5)  # noqa: E731
-    assert lr(1) == pytest.approx(1e-4) and lr(10) == pytest.approx(1e-3)
-    assert lr(60) == pytest.approx((1e-3 + 1e-5) / 2) and lr(110) == lr(500) == 1e-5
-    assert all(lr(i) >= lr(i + 1) for i in range(10, 120))
-
-
-def test_configs(monkeypatch):
+def test_configs(train_config):
     """The default config file restates train.py's defaults; the 1B config is the paper's (Tables 2, 3, 8)."""
-    d = train.config_defaults(vars(train))
-    assert train.parse_config(d, ['config/train_shakespeare_char.py']) == d
-    monkeypatch.setenv('WORLD_SIZE', '8')
-    c = train.parse_config(d, ['config/train_fineweb_edu_1b.py'])
-    assert c['batch_size'] * c['gradient_accumulation_steps'] * 8 == 1024 and c['block_size'] == 2048
+    assert train_config('config/train_shakespeare_char.py') == train_config()
+    c = train_config('config/train_fineweb_edu_1b.py')
+    assert c['total_batch_size'] == 1024 * 2048 and c['block_size'] == 2048 and c['batch_size'] == 8
     assert (c['learning_rate'], c['router_lr'], c['weight_decay'], c['beta1'], c['beta2'], c['warmup_iters'],
             c['min_lr'], c['grad_clip'], c['max_iters'], c['dtype']) == (1e-3, 1e-2, 0.1, 0.9, 0.95, 200, 1e-6, 1.0,
                                                                           20000, 'bfloat16')
@@ -228,8 +357,7 @@ def test_configs(monkeypatch):
         assert round(GPT(GPTConfig(vocab_size=50257, **args)).get_num_params() / 1e9, 5) == 1.17687  # LIMe-MHA
         args['n_kv_head'] = 8
         assert round(GPT(GPTConfig(vocab_size=50257, **args)).get_num_params() / 1e9, 5) == 1.07608  # LIMe-GQA
-    c = train.parse_config(d, ['config/train_deep_narrow.py', '--n_layer=128'])
-    assert c['n_layer'] == 128 and c['n_head'] == 8 and c['batch_size'] * c['gradient_accumulation_steps'] * 8 == 256
-    monkeypatch.setenv('WORLD_SIZE', '3')
-    with pytest.raises(train.UserError, match='global batch of 1024'):
-        train.parse_config(d, ['config/train_fineweb_edu_1b.py'])
+    c = train_config('config/train_deep_narrow.py', '--n_layer=128', '--batch_size=4')
+    assert c['n_layer'] == 128 and c['n_head'] == 8 and c['total_batch_size'] == 256 * 1024 and c['batch_size'] == 4
+    c = train_config('config/train_arithmetic.py')
+    assert c['total_batch_size'] == c['batch_size'] * c['block_size']  # one micro-step

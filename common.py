@@ -1,0 +1,324 @@
+"""
+What every nanoLIMe script shares: configuration (config files plus --key=value), one-line errors,
+device and dtype, atomic checkpoint writes, the one checkpoint loader, and data access.
+
+    from common import UserError, configure, resolve_device, ...
+    out_dir = 'out'            # the script's config globals: its defaults
+    config = configure(globals())
+"""
+import os
+import sys
+import ast
+import builtins
+import dataclasses
+import difflib
+import pickle
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+CKPT_NAME = 'ckpt.pt'
+CKPT_MARKER = 'nanolime'  # key present in every checkpoint we write (value: format version)
+
+
+class UserError(Exception):
+    """Bad input (config, data, checkpoint): reported as one line 'error: <msg>', exit status 1."""
+
+
+# ----------------------------------------------------------------------------- configuration
+def _type_name(t):
+    return {bool: 'bool', int: 'int', float: 'float', str: 'str', type(None): 'None'}.get(t, t.__name__)
+
+
+def check_value(key, value, default, nullable=(), tristate=()):
+    """value, coerced where allowed (int -> float), if its type matches the default's; else UserError."""
+    if key in tristate:
+        if isinstance(value, bool) or value == 'auto':
+            return value
+        raise UserError(f"{key}={value!r}: expected 'auto', True or False")
+    if key in nullable:
+        if value is None or type(value) is int:
+            return value
+        raise UserError(f"{key}={value!r}: expected int or None, got {_type_name(type(value))}")
+    expected = type(default)
+    if expected is float and type(value) is int:
+        return float(value)
+    if type(value) is not expected:
+        raise UserError(f"{key}={value!r}: expected {_type_name(expected)}, got {_type_name(type(value))}")
+    return value
+
+
+def _literal(raw, default):
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return raw  # a bare word: a string
+    if isinstance(default, str) and not isinstance(value, (str, bool)):
+        return raw  # --out_dir=2024 is the string '2024'
+    return value
+
+
+def _exec_config_file(path, config):
+    """The names a config file sets, run with the current config as its globals; UserError on any failure."""
+    with open(path) as f:
+        source = f.read()
+    namespace = dict(config, __file__=path)
+    try:
+        exec(builtins.compile(source, path, 'exec'), namespace)
+    except Exception as e:  # the config file is user input: report it on one line, with its line number
+        line = getattr(e, 'lineno', None)
+        tb = e.__traceback__
+        while line is None and tb is not None:
+            if tb.tb_frame.f_code.co_filename == path:
+                line = tb.tb_lineno
+            tb = tb.tb_next
+        raise UserError(f"{path}{f', line {line}' if line else ''}: {type(e).__name__}: {e}") from None
+    return {k: v for k, v in namespace.items() if not k.startswith('_') and not callable(v)
+            and type(v).__name__ != 'module' and not (k in config and v is config[k])}
+
+
+def configure(namespace, argv=None, nullable=(), tristate=(), positional=None):
+    """nanoGPT's configurator: the plain values of `namespace` (a script's globals(); not names starting
+    with '_' or written in CAPITALS) are the defaults; config files (path.py, exec'd), then --key=value
+    override them, in order, each checked against its default's type. Updates `namespace` in place and
+    returns the config dict (saved in checkpoints). Installs the one-line error handler (see excepthook).
+    `positional`: the key a bare word (not a .py file) sets, e.g. prepare.py's dataset."""
+    global _debug
+    argv = sys.argv[1:] if argv is None else argv
+    _debug = os.environ.get('NANOLIME_DEBUG', '') not in ('', '0') or any(
+        a in ('--debug', '--debug=True', '--debug=1') for a in argv)
+    sys.excepthook = excepthook
+    defaults = {k: v for k, v in namespace.items() if not k.startswith('_') and not k.isupper()
+                and (v is None or isinstance(v, (bool, int, float, str)))}
+    defaults.setdefault('debug', False)
+    config = dict(defaults)
+
+    def set_key(key, value, where):
+        if key not in defaults:
+            close = difflib.get_close_matches(key, list(defaults), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise UserError(f"unknown config key '{key}' ({where}){hint}")
+        try:
+            config[key] = check_value(key, value, defaults[key], nullable, tristate)
+        except UserError as e:
+            raise UserError(f"{e} ({where})") from None
+
+    for arg in argv:
+        if arg.startswith('--') and '=' not in arg and isinstance(defaults.get(arg[2:]), bool):
+            set_key(arg[2:], True, arg)  # a bare --flag of a bool key: --debug, --force
+        elif arg.startswith('--'):
+            key, eq, raw = arg[2:].partition('=')
+            if not eq:
+                raise UserError(f"expected --key=value, got '{arg}'")
+            set_key(key, _literal(raw, defaults.get(key)), arg)
+        elif positional and not arg.endswith('.py'):
+            set_key(positional, arg, arg)
+        elif not os.path.isfile(arg):
+            hint = " (options are written --key=value)" if not arg.endswith('.py') else ""
+            raise UserError(f"no such config file: {arg}{hint}")
+        else:
+            for key, value in _exec_config_file(arg, config).items():
+                set_key(key, value, arg)
+    _debug = _debug or config['debug']
+    namespace.update(config)
+    return config
+
+
+_debug = False
+
+
+def excepthook(etype, e, tb):
+    """Any uncaught exception: one line 'error: ...' on stderr, exit status 1 (130 for Ctrl-C); with
+    --debug or NANOLIME_DEBUG=1 the traceback. Under torchrun, ranks other than 0 prefix '[rank N]'."""
+    sys.stdout.flush()
+    if _debug:
+        sys.__excepthook__(etype, e, tb)
+        return
+    rank = int(os.environ.get('RANK', 0))
+    if issubclass(etype, KeyboardInterrupt):
+        msg = "interrupted; nothing more was saved (the last checkpoint, if any, is intact)"
+    elif issubclass(etype, UserError):
+        msg = str(e)
+    elif issubclass(etype, torch.OutOfMemoryError):
+        msg = "out of memory: lower batch_size (train.py then accumulates more micro-steps) or block_size"
+    else:
+        first = (str(e).strip().splitlines() or [''])[0][:500]
+        msg = f"{etype.__name__}: {first} (rerun with --debug for the traceback)"
+    print(f"error: {f'[rank {rank}] ' if rank else ''}{msg}", file=sys.stderr, flush=True)
+    sys.exit(130 if issubclass(etype, KeyboardInterrupt) else 1)
+
+
+# ----------------------------------------------------------------------------- device and dtype
+def resolve_device(device):
+    """'auto', 'cpu', 'cuda', 'cuda:N' or 'mps' -> 'cpu', 'mps' or an indexed 'cuda:N' ('cuda' means this
+    process's GPU: cuda:LOCAL_RANK under torchrun, else cuda:0); UserError when it is not available."""
+    mps = getattr(torch.backends, 'mps', None) is not None and torch.backends.mps.is_available()
+    if device == 'auto':
+        device = 'cuda' if torch.cuda.is_available() else 'mps' if mps else 'cpu'
+    kind, _, index = device.partition(':')
+    if kind not in ('cpu', 'cuda', 'mps') or (index and kind != 'cuda'):
+        raise UserError(f"device={device!r}: expected 'auto', 'cpu', 'cuda', 'cuda:<n>' or 'mps'")
+    if kind == 'cuda' and not torch.cuda.is_available():
+        raise UserError(f"device={device!r} but CUDA is not available here; use --device=cpu or --device=auto")
+    if kind == 'mps' and not mps:
+        raise UserError(f"device={device!r} but MPS is not available here; use --device=cpu")
+    if kind == 'cuda':
+        index = index or os.environ.get('LOCAL_RANK', '0')
+        if not index.isdigit() or int(index) >= torch.cuda.device_count():
+            raise UserError(f"device={device!r}: there are {torch.cuda.device_count()} CUDA devices")
+        return f'cuda:{int(index)}'
+    return kind
+
+
+def resolve_dtype(dtype, device):
+    """'auto' (CUDA: bfloat16 if supported, else float16; float32 elsewhere), 'float32', 'bfloat16' or
+    'float16' -> torch.dtype for `device` (a resolved device string)."""
+    cuda = device.startswith('cuda')
+    if dtype == 'auto':
+        dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if cuda else 'float32'
+    if dtype not in ('float32', 'bfloat16', 'float16'):
+        raise UserError(f"dtype={dtype!r}: expected 'auto', 'float32', 'bfloat16' or 'float16'")
+    if dtype == 'float16' and not cuda:
+        raise UserError("dtype='float16' needs CUDA (it trains with a GradScaler); use 'bfloat16' or 'float32'")
+    return getattr(torch, dtype)
+
+
+def autocast(device, dtype):
+    """Mixed precision for the forward pass; nothing to do in float32."""
+    if dtype == torch.float32:
+        return nullcontext()
+    return torch.autocast(device_type=device.split(':')[0], dtype=dtype)
+
+
+# dense bf16 peak FLOP/s by device name, for MFU; more specific names first ('H100 PCIe' before 'H100')
+PEAK_FLOPS = [('H100 PCIe', 756e12), ('H100 NVL', 835e12), ('H100', 989e12), ('H200', 989e12), ('A100', 312e12)]
+
+
+def peak_flops(device_name):
+    """The dense bf16 peak FLOP/s of a GPU from its name (torch.cuda.get_device_name), or None if unknown."""
+    return next((flops for key, flops in PEAK_FLOPS if key in device_name), None)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def atomic_save(obj, path):
+    """torch.save to a temp file in the same directory, fsync, then os.replace: a crash at any point
+    leaves either the old or the new file at `path`, never a partial one."""
+    tmp = path + '.tmp'
+    with open(tmp, 'wb') as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    try:  # make the rename itself durable
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def load_checkpoint(path, what="checkpoint"):
+    """One of our checkpoints, loaded on the CPU (weights only, memory-mapped), with the prefixes that
+    torch.compile ('_orig_mod.') and DDP ('module.') add stripped from the state dict; UserError if it
+    is missing, not ours or damaged."""
+    if not os.path.exists(path):
+        raise UserError(f"no {what} at {path}")
+    if os.path.isdir(path):
+        raise UserError(f"{path} is a directory, not a checkpoint file")
+    try:
+        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [''])[0][:200]
+        raise UserError(f"{path} is truncated or not a checkpoint ({type(e).__name__}: {first})") from None
+    if not isinstance(ckpt, dict) or CKPT_MARKER not in ckpt:
+        raise UserError(f"{path} is not a nanoLIMe checkpoint (no '{CKPT_MARKER}' marker; "
+                        "it was written by another program)")
+    missing = [k for k in ('model', 'model_args', 'iter_num', 'config') if k not in ckpt]
+    if missing:
+        raise UserError(f"{path} is damaged: missing {', '.join(missing)}")
+    ckpt['model'] = {_strip_prefixes(k): v for k, v in ckpt['model'].items()}
+    from model import GPTConfig  # older checkpoints lack the newer model options: those are off
+    ckpt['model_args'] = {**{f.name: f.default for f in dataclasses.fields(GPTConfig)}, **ckpt['model_args']}
+    return ckpt
+
+
+def _strip_prefixes(key):
+    for prefix in ('_orig_mod.', 'module.'):
+        while key.startswith(prefix):
+            key = key[len(prefix):]
+    return key
+
+
+def load_model(path, device='cpu'):
+    """(model in eval mode on `device`, checkpoint) from an out_dir or a checkpoint file."""
+    from model import GPT, GPTConfig
+    if os.path.isdir(path) or not path.endswith('.pt'):  # an out_dir
+        if not os.path.exists(os.path.join(path, CKPT_NAME)):
+            raise UserError(f"no checkpoint at {os.path.join(path, CKPT_NAME)}; train one first (python train.py "
+                            f"--out_dir={path}) or point --out_dir at the directory holding {CKPT_NAME}")
+        path = os.path.join(path, CKPT_NAME)
+    ckpt = load_checkpoint(path)
+    try:
+        model = GPT(GPTConfig(**ckpt['model_args']))
+        model.load_state_dict(ckpt['model'])
+    except (TypeError, ValueError, RuntimeError) as e:
+        first = (str(e).strip().splitlines() or [''])[0][:300]
+        raise UserError(f"{path} does not fit this version of model.py ({type(e).__name__}: {first})") from None
+    return model.eval().to(device), ckpt
+
+
+def load_codec(ckpt):
+    """(encode, decode) of the checkpoint's tokenizer: the vocabulary kept in the checkpoint, or for
+    older checkpoints the dataset's meta.pkl."""
+    import prepare
+    meta = ckpt.get('meta')
+    if meta is None:
+        dataset, data_dir = ckpt['config'].get('dataset', ''), ckpt['config'].get('data_dir', '')
+        meta_path = os.path.join(prepare.dataset_dir(dataset, data_dir or None), 'meta.pkl')
+        if not os.path.isfile(meta_path):
+            raise UserError(f"the checkpoint has no vocabulary and {meta_path} is missing; "
+                            f"run: python prepare.py {dataset}")
+        with open(meta_path, 'rb') as f:
+            meta = pickle.load(f)
+    try:
+        return prepare.load_codec(meta)
+    except ValueError as e:
+        raise UserError(f"the checkpoint's vocabulary: {e}") from None
+
+
+# ----------------------------------------------------------------------------- data
+def data_info(dataset, data_dir=''):
+    """(directory, meta, {split: tokens}) of a prepared dataset; UserError with the command to prepare it."""
+    import prepare
+    ddir = prepare.dataset_dir(dataset, data_dir or None)
+    if dataset not in prepare.DATASETS and not os.path.isdir(ddir):
+        close = difflib.get_close_matches(dataset, prepare.DATASETS, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise UserError(f"unknown dataset '{dataset}'; {hint}known: {', '.join(prepare.DATASETS)}")
+    missing = [f for f in ('train.bin', 'val.bin', 'meta.pkl') if not os.path.isfile(os.path.join(ddir, f))]
+    if missing:
+        cmd = f"python prepare.py {dataset}" + (f" --data_dir={data_dir}" if data_dir else "")
+        raise UserError(f"dataset '{dataset}' is not prepared ({os.path.join(ddir, missing[0])} is missing); "
+                        f"run: {cmd}")
+    try:
+        with open(os.path.join(ddir, 'meta.pkl'), 'rb') as f:
+            meta = pickle.load(f)
+        int(meta['vocab_size'])
+    except Exception as e:
+        raise UserError(f"{os.path.join(ddir, 'meta.pkl')} is unreadable ({type(e).__name__}: {e}); "
+                        f"prepare again: python prepare.py {dataset} --force") from None
+    sizes = {s: os.path.getsize(os.path.join(ddir, f'{s}.bin')) // 2 for s in ('train', 'val')}
+    return ddir, meta, sizes
+
+
+def get_batch(ddir, split, ix, block_size, device):
+    """Inputs and targets (len(ix), block_size) starting at token offsets ix of <ddir>/<split>.bin."""
+    data = np.memmap(os.path.join(ddir, f'{split}.bin'), dtype=np.uint16, mode='r')  # re-opened: no leak
+    buf = torch.from_numpy(data[np.asarray(ix)[:, None] + np.arange(block_size + 1)].astype(np.int64))
+    x, y = buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
+    if device.startswith('cuda'):  # pinned, so the copy overlaps with compute
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
