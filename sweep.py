@@ -414,6 +414,25 @@ if not report_only:
             show()
         return p
 
+    def run_child(run, cmd, log_mode, err_path, on_line=None):
+        """One child process: its stdout appended to <run>/train.log (line by line, each passed to
+        on_line), its stderr to err_path; its exit status (130 if the sweep is stopping)."""
+        with open(os.path.join(run['dir'], 'train.log'), log_mode) as out, open(err_path, 'w') as err:
+            out.write(f"$ {shlex.join(cmd)}\n")
+            out.flush()
+            p = spawn(run, cmd, err)
+            if p is None:
+                return 130
+            for line in p.stdout:
+                out.write(line)
+                if on_line is not None:
+                    on_line(line)
+            code = p.wait()
+        with lock:
+            procs.pop(run['name'], None)
+            live.pop(run['name'], None)
+        return code
+
     def last_error(path, code):
         with open(path) as f:
             lines = [l.strip() for l in f if l.strip()]
@@ -423,18 +442,7 @@ if not report_only:
         """arithmetic.py on the final checkpoint: accuracy per tier into <run>/arith_eval_test.json."""
         cmd = [sys.executable, ARITH_PY, f"--out_dir={run['dir']}"]
         err_path = os.path.join(run['dir'], 'arith.err')
-        with open(os.path.join(run['dir'], 'train.log'), 'a') as out, open(err_path, 'w') as err:
-            out.write(f"$ {shlex.join(cmd)}\n")
-            out.flush()
-            p = spawn(run, cmd, err)
-            if p is None:
-                return 130
-            for line in p.stdout:
-                out.write(line)
-            code = p.wait()
-        with lock:
-            procs.pop(run['name'], None)
-            live.pop(run['name'], None)
+        code = run_child(run, cmd, 'a', err_path)
         if code not in (0, 130):
             run['error'] = last_error(err_path, code)
         return code
@@ -457,26 +465,18 @@ if not report_only:
         state_path = os.path.join(run['dir'], RUN_STATE)
         state = read_json(state_path, {}) if run['status'] == 'resume' else {}
         t0 = time()
-        with open(os.path.join(run['dir'], 'train.log'), 'a' if run['status'] == 'resume' else 'w') as out, \
-                open(os.path.join(run['dir'], 'train.err'), 'w') as err:
-            out.write(f"$ {shlex.join(cmd)}\n")
-            out.flush()
-            p = spawn(run, cmd, err)
-            if p is None:
-                return 130
-            for line in p.stdout:
-                out.write(line)
-                m = iter_re.match(line)
-                if m:
-                    with lock:
-                        loss = m.group(2) or m.group(3)
-                        live[run['name']] = f"{m.group(1)}/{max_iters} {'val ' if m.group(3) else ''}loss {loss}"
-                        show()
-            code = p.wait()
+
+        def progress(line):
+            m = iter_re.match(line)
+            if m:
+                with lock:
+                    loss = m.group(2) or m.group(3)
+                    live[run['name']] = f"{m.group(1)}/{max_iters} {'val ' if m.group(3) else ''}loss {loss}"
+                    show()
+
+        code = run_child(run, cmd, 'a' if run['status'] == 'resume' else 'w',
+                         os.path.join(run['dir'], 'train.err'), progress)
         wall = state.get('wall_time_s', 0.0) + time() - t0
-        with lock:
-            procs.pop(run['name'], None)
-            live.pop(run['name'], None)
         status = 'done' if code == 0 and final_val(run['dir'], max_iters) else 'interrupted' if code == 130 else 'failed'
         if code == 0 and status == 'failed':
             run['error'] = f"exited normally but logged no val loss at iter {max_iters}"
