@@ -214,7 +214,8 @@ def generate(n, n_ops, rng, exclude=None, max_leaf=MAX_LEAF, bound=BOUND):
     while len(lines) < n:
         tries += 1
         if tries > 50 * n + 1000:
-            raise RuntimeError(f'could not find {n} distinct {n_ops}-operator expressions')
+            raise UserError(f'could not find {n} distinct {n_ops}-operator expressions besides the held-out '
+                            f'ones: ask for fewer with --samples')
         expr, line, _ = make_example(rng, n_ops, max_leaf, bound)
         if expr in exclude:
             continue
@@ -338,13 +339,14 @@ def evaluate(model, lines, encode, decode, device='cpu', batch_size=256, block_s
     for k, it in enumerate(items):
         by_len.setdefault(len(it[0]), []).append(k)
     preds = [None] * len(items)
+    newline = encode('\n')[0]  # a line ends there: decoding stops once every row of a batch has one
     done = 0
     for plen, ks in sorted(by_len.items()):
         max_new = block_size - plen
         for b in range(0, len(ks), batch_size):
             chunk = ks[b:b + batch_size]
             idx = torch.tensor([encode(items[k][0]) for k in chunk], dtype=torch.long, device=device)
-            out = model.generate(idx, max_new, top_k=1).tolist()  # greedy
+            out = model.generate(idx, max_new, top_k=1, stop_token=newline).tolist()  # greedy
             for k, row in zip(chunk, out):
                 preds[k] = decode(row[plen:])  # may lack the newline if cut at block_size
             done += len(chunk)

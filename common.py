@@ -294,7 +294,7 @@ def data_info(dataset, data_dir=''):
     """(directory, meta, {split: tokens}) of a prepared dataset; UserError with the command to prepare it."""
     import prepare
     ddir = prepare.dataset_dir(dataset, data_dir or None)
-    if dataset not in prepare.DATASETS and not os.path.isdir(ddir):
+    if dataset not in prepare.DATASETS and not prepare.arithmetic_tiers(dataset) and not os.path.isdir(ddir):
         close = difflib.get_close_matches(dataset, prepare.DATASETS, n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
         raise UserError(f"unknown dataset '{dataset}'; {hint}known: {', '.join(prepare.DATASETS)}")

@@ -331,14 +331,16 @@ class GPT(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, stop_token=None):
         """Sample max_new_tokens tokens after idx (B, T); top_k=1 is greedy.
 
         With the cache, the prompt is prefilled once and each step feeds one token. Once
         the sequence is longer than block_size the window slides, as in nanoGPT: the last
         block_size tokens are recomputed each step, so use_cache never changes the result.
+        stop_token: stop early once every row has sampled it (the rows are as long as they
+        would be at that step without it).
         """
-        cache = None
+        cache, stopped = None, torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
         for _ in range(max_new_tokens):
             if use_cache and idx.size(1) <= self.config.block_size:
                 if cache is None:
@@ -357,6 +359,10 @@ class GPT(nn.Module):
             else:
                 idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
+            if stop_token is not None:
+                stopped |= idx_next[:, 0] == stop_token
+                if stopped.all():
+                    break
         return idx
 
     def flops_per_token(self, seq_len=None):

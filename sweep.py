@@ -15,7 +15,7 @@ denseformer; combined with '+' (lime+hc) and, for LIMe, a router after ':' (lime
 Runs that finished are skipped, interrupted ones resumed from their checkpoint, so rerunning the same
 command after a crash or Ctrl-C continues where it stopped. Results: <out_dir>/sweep.csv (one row
 per run), a table of each variant's difference to the baseline per depth, and plots next to the CSV.
-On the arithmetic dataset every finished run is also evaluated by arithmetic.py: its test accuracy
+On an arithmetic dataset every finished run is also evaluated by arithmetic.py: its test accuracy
 per tier goes into the CSV and a table that compares it with the tier's majority baseline.
 
 Same seed, same data: train.py draws its training batches from an RNG seeded by the seed (and the
@@ -41,6 +41,7 @@ from time import time
 
 import torch
 
+import prepare
 from common import CKPT_NAME, UserError, configure, load_checkpoint
 from model import GPT, GPTConfig
 
@@ -56,7 +57,7 @@ threads = 0                # torch threads per run; 0 = this machine's cores // 
 csv_path = ''              # '' = <out_dir>/sweep.csv; the plots go next to it
 plot = True                # write PNG plots (needs matplotlib)
 report_only = False        # only rebuild the CSV, table and plots from the runs on disk
-arith_eval = True          # dataset 'arithmetic': after training, each run's greedy accuracy per tier
+arith_eval = True          # arithmetic datasets: after training, each run's greedy accuracy per tier
                            # (arithmetic.py, test split) goes into the CSV and the table
 # -----------------------------------------------------------------------------
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
@@ -304,7 +305,7 @@ for key in PER_RUN:
 if train_config.get('init_from', 'scratch') != 'scratch':
     print("note: init_from is ignored: the sweep resumes interrupted runs by itself")
 max_iters = train_config['max_iters']
-evaluate_arith = arith_eval and train_config.get('dataset') == 'arithmetic'
+evaluate_arith = arith_eval and bool(prepare.arithmetic_tiers(str(train_config.get('dataset'))))
 csv_path = csv_path or os.path.join(out_dir, 'sweep.csv')
 # passed to every run: the train.py values that differ from train.py's defaults
 common_args = [f"--{k}={render(v)}" for k, v in train_config.items()
@@ -625,6 +626,36 @@ print(f"\n{n_finished}/{len(rows)} runs finished")
 print_table('val_loss', 'final val loss')
 for n in tiers:
     print_table(f'acc_{n}', f"test accuracy, {n} operators", lower_is_better=False, floor_column=f'majority_{n}')
+
+
+def print_gap_over_training():
+    """Per depth and variant: the val loss difference to the reference at every evaluation of the
+    finished runs (paired by seed), so one sees whether a gap opens, closes or stays inside the noise
+    as training goes on."""
+    curves = {}  # (depth, variant) -> {seed: {iter: val loss}}
+    for row in rows:
+        if row['status'] == 'done':
+            curves.setdefault((row['depth'], row['variant']), {})[row['seed']] = {
+                r['iter']: r['val_loss'] for r in read_log(row['out_dir']) if r.get('val_loss') is not None}
+    lines = []
+    for d in depth_list:
+        ref = curves.get((d, reference), {})
+        for v in variant_list:
+            runs_v = curves.get((d, v), {})
+            if v == reference or not ref or not runs_v:
+                continue
+            iters = sorted(set.intersection(*(set(c) for c in (*ref.values(), *runs_v.values()))) - {0})
+            cells = []
+            for it in iters:
+                dm, dh, paired = diff_ci({s: c[it] for s, c in ref.items()}, {s: c[it] for s, c in runs_v.items()})
+                cells.append(f"{it}: {dm:+.4f} ± {fmt(dh) or '-'}{'' if paired else '*'}")
+            lines.append(f"{d:>5}  {v:<16} " + "   ".join(cells))
+    if lines:
+        print(f"\nval loss difference to {reference} over training, by iteration (mean ± 95% interval):")
+        print("\n".join(lines))
+
+
+print_gap_over_training()
 # per depth and variant: {seed: final val loss}, for the plots
 results = {}
 for row in rows:

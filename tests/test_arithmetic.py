@@ -222,9 +222,9 @@ class OracleModel:
         self.ref = {l.split('=', 1)[0]: l.split('=', 1)[1] for l in lines}
         self.wrong_tier = wrong_tier
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, stop_token=None):
         import torch
-        assert top_k == 1
+        assert top_k == 1 and stop_token == self.stoi['\n']  # greedy, stopping at the end of the line
         rows = []
         for row in idx.tolist():
             prompt = ''.join(self.itos[i] for i in row)

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import model as M
 from model import GPT, GPTConfig, KVCache
@@ -490,3 +491,16 @@ def test_greedy_decoding_is_deterministic_on_ties():
     for seed in range(3):
         torch.manual_seed(seed)
         assert model.generate(prompt, 4, top_k=1)[:, 3:].eq(0).all()  # argmax picks the first
+
+
+def test_generate_stops_once_every_row_has_the_stop_token(monkeypatch):
+    model = build(seed=3).eval()
+    script = torch.tensor([[5, 1, 2, 3, 4, 6], [1, 2, 5, 3, 4, 6]])  # 5 comes at step 0 in row 0, step 2 in row 1
+
+    def scripted(idx, targets=None, cache=None):  # logits whose argmax is the script's next token
+        return F.one_hot(script[:, idx.size(1) - 4], V).float()[:, None], None
+    monkeypatch.setattr(model, "forward", scripted)
+    prompt = torch.zeros(2, 4, dtype=torch.long)
+    assert torch.equal(model.generate(prompt, 6, top_k=1, use_cache=False, stop_token=5)[:, 4:], script[:, :3])
+    assert torch.equal(model.generate(prompt, 6, top_k=1, use_cache=False, stop_token=6)[:, 4:], script)
+    assert torch.equal(model.generate(prompt, 6, top_k=1, use_cache=False, stop_token=7)[:, 4:], script)

@@ -245,6 +245,7 @@ DISPATCH = """
 import json, runpy, sys, types
 fake = types.ModuleType('arithmetic')
 fake.prepare = lambda out_dir, **kw: print(json.dumps([out_dir, kw]))
+fake.TIERS = (4, 5, 6)
 sys.modules['arithmetic'] = fake
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name='__main__')
@@ -254,13 +255,32 @@ runpy.run_path(sys.argv[0], run_name='__main__')
 def test_arithmetic_dispatch(tmp_path):
     calls = []
     for args in (['arithmetic', f'--data_dir={tmp_path}', '--samples=123', '--seed=7', '--force=True'],
-                 ['arithmetic', f'--data_dir={tmp_path}']):
+                 ['arithmetic', f'--data_dir={tmp_path}'],
+                 ['arithmetic-2-3', f'--data_dir={tmp_path}', '--samples=50']):
         r = subprocess.run([sys.executable, '-c', DISPATCH, os.path.join(ROOT, 'prepare.py'), *args],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         calls.append(json.loads(r.stdout))
-    assert calls == [[str(tmp_path / 'arithmetic'), {'samples': 123, 'seed': 7, 'force': True}],
-                     [str(tmp_path / 'arithmetic'), {'seed': 1337, 'force': False}]]
+    assert calls == [[str(tmp_path / 'arithmetic'), {'samples': 123, 'seed': 7, 'force': True, 'tiers': [4, 5, 6]}],
+                     [str(tmp_path / 'arithmetic'), {'seed': 1337, 'force': False, 'tiers': [4, 5, 6]}],
+                     [str(tmp_path / 'arithmetic-2-3'), {'samples': 50, 'seed': 1337, 'force': False, 'tiers': [2, 3]}]]
+
+
+@pytest.mark.parametrize('name, tiers', [('arithmetic-2-3', (2, 3)), ('arithmetic-5', (5,)),
+                                         ('arithmetic-3-3', None), ('arithmetic-0-2', None),
+                                         ('arithmetic-', None), ('arithmetic2', None), ('shakespeare', None)])
+def test_arithmetic_tiers_from_name(name, tiers):
+    assert prepare.arithmetic_tiers(name) == tiers
+
+
+def test_arithmetic_tiers_prepared_and_too_many_samples(tmp_path):
+    r = run_prepare('arithmetic-2-3', f'--data_dir={tmp_path}', '--samples=50')
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / 'arithmetic-2-3' / 'info.json') as f:
+        assert json.load(f)['tiers'] == [2, 3]
+    # tier 2 has about 10k distinct expressions: asking for more is a one-line error, not a traceback
+    line = one_line_error(run_prepare('arithmetic-2', f'--data_dir={tmp_path}', '--samples=12000'))
+    assert 'distinct 2-operator expressions' in line and '--samples' in line
 
 
 def test_config_errors_one_line(tmp_path):

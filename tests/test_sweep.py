@@ -83,7 +83,7 @@ def swept(data_dir, tmp_path_factory):
     """2 depths x 2 variants x 2 seeds, 3 iterations each, two at a time."""
     root = str(tmp_path_factory.mktemp('sweep') / 'root')
     args = GRID + TINY + [f'--data_dir={data_dir}', f'--out_dir={root}', '--max_iters=3', '--lr_decay_iters=3',
-                          '--eval_interval=3']
+                          '--eval_interval=1']
     return root, args, ok(run('sweep.py', *args))
 
 
@@ -115,6 +115,13 @@ def test_end_to_end_csv_table_progress(swept):
         assert f"{sum(vals) / 2:+.4f}" in line
         assert re.search(r'inside seed noise|better|worse', line)
     assert re.search(r'val loss \(mean ± 95% interval', p.stdout)
+    # the gap over training: the paired difference at every evaluation after iteration 0
+    gap = p.stdout.split('over training, by iteration')[1]
+    for d in (1, 2):
+        line = next(l for l in gap.splitlines() if re.match(rf'\s*{d}\s+lime\s', l))
+        for it in (1, 2, 3):
+            diffs = [curves_of(by, d, 'lime', s)[it] - curves_of(by, d, 'baseline', s)[it] for s in (0, 1)]
+            assert f"{it}: {sum(diffs) / 2:+.4f} ± " in line, (it, line)
     # progress: the bar counts runs and shows a current run's iteration and loss
     assert '8/8' in p.stderr
     assert re.search(r'L\d-s\d \d/3 (val )?loss \d', p.stderr)
@@ -128,6 +135,10 @@ def test_end_to_end_csv_table_progress(swept):
         assert os.path.exists(os.path.join(root, 'sweep_val_loss_vs_flops.png'))
     except ImportError:
         assert 'matplotlib is not installed' in p.stdout
+
+
+def curves_of(by, d, v, s):
+    return {r['iter']: r['val_loss'] for r in read_log(by[d, v, s]['out_dir']) if 'val_loss' in r}
 
 
 def test_same_seed_same_data_order(swept):
