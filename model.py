@@ -340,7 +340,7 @@ class GPT(nn.Module):
         stop_token: stop early once every row has sampled it (the rows are as long as they
         would be at that step without it).
         """
-        cache, stopped = None, torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
+        cache, prompt_len = None, idx.size(1)
         for _ in range(max_new_tokens):
             if use_cache and idx.size(1) <= self.config.block_size:
                 if cache is None:
@@ -359,10 +359,8 @@ class GPT(nn.Module):
             else:
                 idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
-            if stop_token is not None:
-                stopped |= idx_next[:, 0] == stop_token
-                if stopped.all():
-                    break
+            if stop_token is not None and (idx[:, prompt_len:] == stop_token).any(dim=1).all():
+                break
         return idx
 
     def flops_per_token(self, seq_len=None):

@@ -19,8 +19,6 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import prepare  # noqa: E402
-
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
         '--eval_iters=2', '--warmup_iters=1', '--log_interval=1', '--compile=False', '--dtype=float32']
 GRID = ['--depths=1,2', '--variants=baseline,lime', '--seeds=0,1', '--jobs=2']
@@ -69,13 +67,6 @@ def data_rng_states(run_dir):
     walk(ckpt['rng'])
     assert found, "no numpy RNG state in the checkpoint's 'rng'"
     return found
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp('data')
-    prepare.prepare_char(prepare.read_shakespeare()[:100_000], str(root / 'shakespeare_char'))
-    return str(root)
 
 
 @pytest.fixture(scope='module')
