@@ -6,6 +6,7 @@ and is timed in interleaved rounds (A B C A B C ...), so a busy machine slows al
 $ python bench.py                                  # small CPU config, about a minute on 2 cores
 $ python bench.py config/bench_1b.py               # the paper's 1B shapes (Table 9), one 80 GB GPU
 $ python bench.py --variants=baseline,lime,lime-dynamic,hc --settings=mha-eager,gqa-compiled --json=b.json
+$ python bench.py config/bench_depth_cpu.py         # LIMe's cost against depth: 8 to 64 layers, eager and compiled
 
 Profiles, decode speed and memory over depth: dev/bench_detail.py.
 """
@@ -21,6 +22,7 @@ from model import GPT, GPTConfig, ROUTERS
 
 # ----------------------------------------------------------------------------- config
 n_layer = 4
+depths = ''               # comma-separated n_layer values, each benchmarked in turn; '' = n_layer
 n_head = 4
 n_kv_head = None          # None: n_head (MHA)
 gqa_kv_head = None        # KV heads in the `gqa` setting; None: n_kv_head if below n_head, else ~n_head/4
@@ -163,7 +165,10 @@ def run_setting(sname, kv, mode, names, shape, batches, dev, ctx, peak):
         for i in range(warmup):  # the first step compiles: report a failure, keep the other variants
             for name, r in list(live.items()):
                 try:
-                    train_step(r, *batches[i], ctx, mode)
+                    t0 = time.perf_counter()
+                    train_step(r, *batches[i], ctx, mode).item()
+                    if i == 0:  # compiled: the first forward + backward, compilation included
+                        r['first_s'] = time.perf_counter() - t0
                 except Exception as e:
                     if not (mode or isinstance(e, torch.OutOfMemoryError)):
                         raise
@@ -186,7 +191,8 @@ def run_setting(sname, kv, mode, names, shape, batches, dev, ctx, peak):
         for name, r in live.items():
             runs[name], m, dt = r, r.pop('model'), statistics.median(r['times'])
             records.append(dict(
-                setting=sname, variant=name, n_kv_head=kv, compile=mode or False, params=m.get_num_params(),
+                setting=sname, variant=name, n_layer=shape['n_layer'], n_kv_head=kv, compile=mode or False,
+                params=m.get_num_params(), first_step_s=r['first_s'],
                 flops_per_token=m.flops_per_token(block_size), step_ms=1e3 * dt,
                 step_ms_samples=[1e3 * t for t in r['times']], tok_s=batch_size * block_size / dt,
                 mfu=m.estimate_mfu(batch_size * block_size, dt, peak) if peak else None, mem_bytes=r['mem'],
@@ -215,11 +221,14 @@ if __name__ == '__main__':
         raise UserError(f"--variants needs distinct names, got '{variants}' (e.g. --variants=baseline,lime,hc)")
     if min(warmup, iters, batch_size, block_size) < 1:
         raise UserError("warmup, iters, batch_size and block_size must be >= 1 (the first step compiles)")
-    shape = dict(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
-                 n_embd=n_embd, mlp_hidden=mlp_hidden)
+    try:
+        layer_list = [int(d) for d in depths.split(',')] if depths.strip() else [n_layer]
+    except ValueError:
+        raise UserError(f"depths={depths!r}: expected comma-separated layer counts, e.g. --depths=8,16,32") from None
+    shape = dict(block_size=block_size, vocab_size=vocab_size, n_head=n_head, n_embd=n_embd, mlp_hidden=mlp_hidden)
     setting_list = parse_settings(settings, n_head, n_kv_head, gqa_kv_head)
-    for name, kv in [(name, s[1]) for name in names for s in setting_list]:  # every error before any work
-        variant_config(name, dict(shape, n_kv_head=kv))
+    for name, kv, L in [(name, s[1], L) for name in names for s in setting_list for L in layer_list]:
+        variant_config(name, dict(shape, n_kv_head=kv, n_layer=L))  # every error before any work
     dev = torch.device(resolve_device(device))  # an indexed device: cuda:N
     ctx = autocast(str(dev), resolve_dtype(dtype, str(dev)))
     torch.set_num_threads(threads or torch.get_num_threads())
@@ -228,19 +237,23 @@ if __name__ == '__main__':
     g = torch.Generator().manual_seed(seed + 1)
     batches = [tuple(torch.randint(vocab_size, (batch_size, block_size), generator=g).to(dev) for _ in 'xy')
                for _ in range(warmup + iters + 1)]
-    print(f"bench: {', '.join(names)} | L={n_layer} d={n_embd} H={n_head} V={vocab_size} B={batch_size} "
+    print(f"bench: {', '.join(names)} | L={','.join(map(str, layer_list))} d={n_embd} H={n_head} V={vocab_size} B={batch_size} "
           f"T={block_size} {dtype} | {dev} threads={torch.get_num_threads()} | {warmup} + {iters} "
-          f"{'interleaved' if interleave else 'sequential'} rounds\n{'setting':>14} {'variant':>16} {'params':>12} "
-          f"{'ms/iter':>9} {'x base':>7} {'tok/s':>10} {'MFU':>6} {'mem MiB':>9} {'x base':>7}", flush=True)
+          f"{'interleaved' if interleave else 'sequential'} rounds\n{'L':>4} {'setting':>14} {'variant':>16} {'params':>12} "
+          f"{'ms/iter':>9} {'x base':>7} {'tok/s':>10} {'MFU':>6} {'mem MiB':>9} {'x base':>7} {'1st step s':>10}",
+          flush=True)
     records = []
-    for s in setting_list:
-        for r in run_setting(*s, names, shape, batches, dev, ctx, peak):
-            records.append(r)
-            mfu = '-' if r.get('mfu') is None else f"{100 * r['mfu']:.1f}%"
-            print(f"{r['setting']:>14} {r['variant']:>16}  failed: {r['error']}" if 'error' in r else
-                  f"{r['setting']:>14} {r['variant']:>16} {r['params']:>12,} {r['step_ms']:>9.2f} "
-                  f"{r.get('step_ratio', float('nan')):>7.3f} {r['tok_s']:>10,.0f} {mfu:>6} "
-                  f"{r['mem_bytes'] / 2**20:>9.1f} {r.get('mem_ratio', float('nan')):>7.3f}", flush=True)
+    for L in layer_list:
+        for s in setting_list:
+            for r in run_setting(*s, names, dict(shape, n_layer=L), batches, dev, ctx, peak):
+                records.append(r)
+                mfu = '-' if r.get('mfu') is None else f"{100 * r['mfu']:.1f}%"
+                print(f"{L:>4} {r['setting']:>14} {r['variant']:>16}  failed: {r['error']}" if 'error' in r else
+                      f"{L:>4} {r['setting']:>14} {r['variant']:>16} {r['params']:>12,} {r['step_ms']:>9.2f} "
+                      f"{r.get('step_ratio', float('nan')):>7.3f} {r['tok_s']:>10,.0f} {mfu:>6} "
+                      f"{r['mem_bytes'] / 2**20:>9.1f} {r.get('mem_ratio', float('nan')):>7.3f} "
+                      f"{r['first_step_s']:>10.1f}", flush=True)
+    print("1st step s: the first train step, compilation included (compiled settings: the compile time)")
     print("mem: " + ("peak allocated in one train step (weights, optimizer state, activations, gradients)" if
                      dev.type == 'cuda' else "bytes saved for backward (activations, not weights or optimizer state)"))
     if json:

@@ -35,6 +35,7 @@ class GPTConfig:
     tie_embeddings: bool = True
     lime: bool = False         # the paper's method
     router: str = "full"       # LIMe router variant (paper App. D): ROUTERS
+    router_init: str = "paper"  # 'paper': own-head identity plus U(-b, b) elsewhere; 'identity': zero elsewhere
     hc: int = 0                # Hyper-Connections expansion rate (0 = off; the paper uses 4)
     hc_dynamic: bool = False
     value_residual: bool = False  # ResFormer: v_l <- lam * v_1 + (1 - lam) * v_l, lam learned per layer
@@ -58,6 +59,8 @@ class GPTConfig:
         if self.hc < 0:
             raise ValueError(f"hc={self.hc} must be 0 (off) or an expansion rate >= 1")
         router_layers(self.router, 0)  # raises on an unknown variant
+        if self.router_init not in ("paper", "identity"):
+            raise ValueError(f"unknown router_init '{self.router_init}'; choose 'paper' or 'identity'")
         if self.value_residual and self.lime:
             raise ValueError("value_residual and lime both feed earlier layers' values into every layer "
                              "(LIMe's router includes v_1); use one of them")
@@ -100,44 +103,86 @@ class RoPE(nn.Module):
 # The one change LIMe makes to the baseline (Attention.forward): a layer's keys and values
 # are a learned mixture of the keys and values of every layer so far (eq. 2), read from the
 # stacked KV buffer, instead of its own. Sources are ordered layer-major everywhere:
-# source s = j * n_kv_head + h is KV head h of layer j. Each layer adds its own
-# (2, B, H_kv, T, d_h) [k; v] tensor to `sources`, a plain list that GPT.forward passes down.
+# source s = j * n_kv_head + h is KV head h of layer j. Each layer appends its own
+# (2, B, H_kv, T, d_h) [k; v] tensor to the KVBuffer that GPT.forward passes down.
 
 def route_reference(router, sources):
     """eq. (2) as written: k~_h = sum_s R[h, s] k_s, and the same R for v.
 
     router: (H_kv, S), or per token (B, T, H_kv, S); sources: (2, B, S, T, d_h), the stacked
     KV buffer. Readable, but every layer would keep its own copy of the stack for backward
-    (O(L^2) memory); route() computes the same thing in O(L). Tests and analyze.py use this."""
+    (O(L^2) memory); KVBuffer computes the same thing in O(L). Tests and analyze.py use this."""
     if router.dim() == 2:
         return torch.einsum("hs,cbstd->cbhtd", router, sources)
     return torch.einsum("bths,cbstd->cbhtd", router, sources)
 
 
-def route(weight, sources, delta=None):
-    """eq. (2), the fast path: the sum over sources accumulated one layer at a time.
+def route(weight, sources):
+    """eq. (2) for a static router, accumulated one group of sources at a time.
 
-    weight: (H_kv, len(sources) * H_kv); sources: list of per-layer (2, B, H_kv, T, d_h);
-    delta: per-token offsets (B, T, H_kv, S) of the dynamic router, or None. Every matmul
-    reads one layer's tensor as it is, so all later layers save that same tensor for backward:
-    activation memory grows O(L) in depth, eager and under torch.compile (a torch.cat of the
-    sources would be saved once per layer: O(L^2)). A bmm over the 2B (k|v, sequence) blocks
-    keeps CPUs busy (BLAS runs an H_kv-row matmul on one core) and lands k~, v~ in attention's
-    layout. The weight is expanded before autocast casts it, so its gradient is summed over
-    the blocks in float32."""
+    weight: (H_out, len(sources) * H_src); sources: list of (2, B, H_src, T, d_h) tensors (one
+    layer's heads, or a block of layers' heads). Every matmul reads a source tensor as it is, so
+    all readers save that same tensor for backward: memory stays O(L) in depth, eager and
+    compiled. A bmm over the 2B (k|v, sequence) blocks keeps CPUs busy and lands the result in
+    attention's layout. The weight is expanded before autocast casts it, so its gradient is
+    summed over the blocks in float32."""
     c, B, H, T, d = sources[0].shape
     out = None
     for j, src in enumerate(sources):
-        w = weight[:, j * H:(j + 1) * H].expand(c * B, H, H)
+        w = weight[:, j * H:(j + 1) * H].expand(c * B, -1, H)
         src = src.view(c * B, H, T * d)
         out = torch.bmm(w, src) if out is None else torch.baddbmm(out, w, src)
-    out = out.view(c, B, H, T, d)
-    if delta is not None:  # dynamic router: R(x_t) = R + delta(x_t), per token. A broadcast product
-        # (not einsum, which would save a permuted copy of every source at every layer)
-        for j, src in enumerate(sources):
-            w = delta[..., j * H:(j + 1) * H].permute(0, 2, 3, 1).unsqueeze(-1)  # (B, H, H_src, T, 1)
-            out = out + (w.to(src.dtype) * src.unsqueeze(2)).sum(3)             # (2, B, H, T, d)
-    return out
+    return out.view(c, B, -1, T, d)
+
+
+def route_block_size(n_layer):
+    """Layers per block of KVBuffer's two-phase sum: about sqrt(L), measured best (bench.py)."""
+    return max(1, round(math.sqrt(n_layer)))
+
+
+class KVBuffer:
+    """The stacked KV buffer of one forward pass, and eq. (2) read from it in two phases.
+
+    The static routers are linear and known before the pass, so the sum over sources splits
+    exactly by where a source lives. Layers are grouped in blocks of m:
+      phase 1: when a block starts, the completed blocks' sources (each block concatenated once)
+               are routed for all m layers of the new block at once: their router rows stacked,
+               one matmul per completed block;
+      phase 2: each layer adds its own block's sources, one matmul per layer (route()).
+    Only the order of the additions changes. Each source is read once per later block instead of
+    once per later layer, and the ops fall from O(L^2) to O(L^2/m^2 + L*m)."""
+
+    def __init__(self, routers, block_size):
+        self.routers, self.m = routers, block_size  # routers: every layer's Router (or None)
+        self.sources = []   # every layer's [k; v] so far, (2, B, H_kv, T, d_h) each
+        self.blocks = []    # every completed block's sources, concatenated: (2, B, m * H_kv, T, d_h)
+        self.partial = None  # phase 1: the completed blocks' part of eq. (2), one tensor per layer of this block
+
+    def append(self, kv):
+        layer = len(self.sources)
+        self.sources.append(kv)
+        if layer == 0 or layer % self.m:
+            return
+        done = self.sources[layer - self.m:layer]  # a block just completed: its sources in one tensor
+        self.blocks.append(done[0] if len(done) == 1 else torch.cat(done, dim=2))
+        routers = [r for r in self.routers[layer:layer + self.m] if r is not None]
+        read = sorted({j // self.m for r in routers for j in r.layers if j < layer})  # blocks they read
+        self.partial = None
+        if read:  # phase 1: this block's router rows over those blocks' columns, all layers at once
+            width = self.m * kv.size(2)  # a block's sources
+            cols = [c for b in read for c in range(b * width, (b + 1) * width)]
+            weight = torch.cat([r.matrix()[:, cols] for r in routers])
+            # split, not sliced per layer: a slice's backward would write into a zero tensor of the full size
+            self.partial = route(weight, [self.blocks[b] for b in read]).split(kv.size(2), dim=2)
+
+    def read(self, router):
+        """k~, v~ of the router's layer: phase 2 (its own block) plus its rows of phase 1."""
+        first = router.layer - router.layer % self.m  # the first layer of its block
+        own = next(i for i, j in enumerate(router.layers) if j >= first)  # the variant's own-block layers
+        kv = route(router.weight[:, own * router.n_kv:], [self.sources[j] for j in router.layers[own:]])
+        if self.partial is not None:
+            kv = kv + self.partial[router.layer - first]
+        return kv
 
 
 class Router(nn.Module):
@@ -145,34 +190,41 @@ class Router(nn.Module):
 
     def __init__(self, config, layer):
         super().__init__()
-        n_kv, self.layer = config.n_kv_head, layer
+        self.n_kv, self.layer = config.n_kv_head, layer
         self.layers = router_layers(config.router, layer)  # the layers this variant reads
-        n_src = len(self.layers) * n_kv
+        n_src = len(self.layers) * self.n_kv
         if config.router == "average":  # fixed: head h averages head h over layers 0..l
-            self.register_buffer("weight", torch.eye(n_kv).repeat(1, layer + 1) / (layer + 1), persistent=False)
-        else:  # authors' init: U(-b, b), b = sqrt(3 / #sources), identity on this layer's own heads
-            bound = math.sqrt(3 / n_src)
-            weight = torch.empty(n_kv, n_src).uniform_(-bound, bound)
-            weight[:, -n_kv:] = torch.eye(n_kv)
+            self.register_buffer("weight", torch.eye(self.n_kv).repeat(1, layer + 1) / (layer + 1), persistent=False)
+        else:  # identity on this layer's own heads; elsewhere the authors' U(-b, b), b = sqrt(3 / #sources),
+            # or zero ('identity' init: exactly the baseline function at init)
+            bound = math.sqrt(3 / n_src) if config.router_init == "paper" else 0.0
+            weight = torch.empty(self.n_kv, n_src).uniform_(-bound, bound)
+            weight[:, -self.n_kv:] = torch.eye(self.n_kv)
             self.weight = nn.Parameter(weight)
         self.dynamic = None
         if config.router == "dynamic":  # per-token offsets, zero init: starts as the static router
-            self.dynamic = nn.Linear(config.n_embd, n_kv * n_src, bias=False)
+            self.dynamic = nn.Linear(config.n_embd, self.n_kv * n_src, bias=False)
             nn.init.zeros_(self.dynamic.weight)
 
     def matrix(self):
         """The full H_kv x (l+1)*H_kv static router, zero on sources this variant leaves out."""
-        n_kv = self.weight.size(0)
-        full = self.weight.new_zeros(n_kv, self.layer + 1, n_kv)
-        full[:, self.layers] = self.weight.view(n_kv, -1, n_kv)
+        if len(self.layers) == self.layer + 1:
+            return self.weight
+        full = self.weight.new_zeros(self.n_kv, self.layer + 1, self.n_kv)
+        full[:, self.layers] = self.weight.view(self.n_kv, -1, self.n_kv)
         return full.flatten(1)
 
-    def forward(self, x, sources):  # x: this layer's input (B, T, d); sources: every layer's [k; v] so far
-        delta = None
-        if self.dynamic is not None:
+    def forward(self, x, buffer):  # x: this layer's input (B, T, d); buffer: every layer's [k; v] so far
+        kv = buffer.read(self)
+        if self.dynamic is not None:  # R(x_t) = R + delta(x_t), per token: a broadcast product over the
+            # sources (not einsum, which would save a permuted copy of every source at every layer)
             B, T, _ = x.shape
-            delta = self.dynamic(x).view(B, T, self.weight.size(0), -1)
-        return route(self.weight, [sources[j] for j in self.layers], delta)
+            delta = self.dynamic(x).view(B, T, self.n_kv, -1)
+            for i, j in enumerate(self.layers):
+                w = delta[..., i * self.n_kv:(i + 1) * self.n_kv].permute(0, 2, 3, 1).unsqueeze(-1)  # (B, H, H_src, T, 1)
+                src = buffer.sources[j]
+                kv = kv + (w.to(src.dtype) * src.unsqueeze(2)).sum(3)  # (2, B, H, T, d_h)
+        return kv
 
 # ----------------------------------------------------------------------------- end of LIMe
 
@@ -212,18 +264,18 @@ class Attention(nn.Module):
         self.router = Router(config, layer) if config.lime and layer > 0 else None  # layer 0 reads its own k, v
         self.value_residual = ValueResidual() if config.value_residual and layer > 0 else None
 
-    def forward(self, x, rope, sources=None, cache=None):
+    def forward(self, x, rope, buffer=None, cache=None):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         kv = self.kv_proj(x).view(B, T, 2, self.n_kv_head, self.head_dim).permute(2, 0, 3, 1, 4)  # (2, B, H_kv, T, d_h)
-        if sources is not None:  # LIMe and value residual: later layers read this layer's k, v
+        if buffer is not None:  # LIMe and value residual: later layers read this layer's k, v
             kv = kv.contiguous()
-            sources.append(kv)
+            buffer.append(kv)
         if self.router is not None:  # LIMe: route pre-RoPE keys and values over all layers so far (eq. 2)
-            kv = self.router(x, sources)
+            kv = self.router(x, buffer)
         k, v = kv.unbind(0)
         if self.value_residual is not None:
-            v = self.value_residual(v, sources[0][1])
+            v = self.value_residual(v, buffer.sources[0][1])
         pos = cache.pos if cache is not None else 0
         q, k = rope(q, pos), rope(k, pos)
         if cache is not None:
@@ -263,11 +315,11 @@ class Block(nn.Module):
         self.hc_attn = HyperConnection(config, 2 * layer) if config.hc else None
         self.hc_mlp = HyperConnection(config, 2 * layer + 1) if config.hc else None
 
-    def forward(self, x, rope, sources=None, cache=None):
+    def forward(self, x, rope, buffer=None, cache=None):
         if self.hc_attn is not None:  # x: (B, T, n, d), n residual streams
-            x = self.hc_attn(x, lambda h: self.attn(self.ln_1(h), rope, sources, cache))
+            x = self.hc_attn(x, lambda h: self.attn(self.ln_1(h), rope, buffer, cache))
             return self.hc_mlp(x, lambda h: self.mlp(self.ln_2(h)))
-        x = x + self.attn(self.ln_1(x), rope, sources, cache)
+        x = x + self.attn(self.ln_1(x), rope, buffer, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -286,6 +338,7 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
         self.rope = RoPE(config)
+        self.route_block_size = route_block_size(config.n_layer)  # LIMe's two-phase routing (KVBuffer)
         # DenseFormer: after block i, a weighted average of the embedding and blocks 0..i's outputs
         self.dwa = nn.ModuleList([DepthWeightedAverage(i + 2) for i in range(config.n_layer)]) \
             if config.denseformer else None
@@ -312,10 +365,12 @@ class GPT(nn.Module):
         if self.config.hc:  # the n residual streams start as copies of the embedding
             x = x.unsqueeze(2).repeat(1, 1, self.config.hc, 1)
         # the stacked KV buffer: every layer's [k; v] (2, B, H_kv, T, d_h), in layer order
-        sources = [] if self.config.lime or self.config.value_residual else None
+        buffer = None
+        if self.config.lime or self.config.value_residual:
+            buffer = KVBuffer([block.attn.router for block in self.transformer.h], self.route_block_size)
         outputs = [x]  # DenseFormer: the embedding and every block's output
         for i, block in enumerate(self.transformer.h):
-            x = block(x, self.rope, sources, cache)
+            x = block(x, self.rope, buffer, cache)
             if self.dwa is not None:
                 outputs.append(x)
                 x = self.dwa[i](outputs)
@@ -391,20 +446,37 @@ class GPT(nn.Module):
         """Model FLOPs utilisation: training FLOPs per second (3x forward) over peak_flops."""
         return 3 * self.flops_per_token(seq_len) * tokens_per_iter / dt / peak_flops
 
-    def configure_optimizers(self, weight_decay, learning_rate, router_lr, betas, device_type, eps=1e-8):
+    def configure_optimizers(self, weight_decay, learning_rate, router_lr, betas, device_type, eps=1e-8,
+                             optimizer="adamw", muon_lr=0.02, muon_momentum=0.95):
         """AdamW, three groups (paper App. A): every parameter of a LIMe Router at router_lr without
         decay; the other nn.Linear weights decayed; the rest (the embedding, norms, and the mixing
-        weights of HC, value residual and DenseFormer) without decay. Each group keeps its 'peak_lr'."""
+        weights of HC, value residual and DenseFormer) without decay. Each group keeps its 'peak_lr'.
+        optimizer='muon': [Muon, AdamW], torch.optim.Muon on the attention and MLP projection matrices
+        (at muon_lr, decayed; lr scaled by sqrt(max(1, rows/cols)), Keller Jordan's original rule), AdamW
+        on everything else as above: embedding, norms, routers and every cross-layer mixing weight."""
         routers = {id(p) for m in self.modules() if isinstance(m, Router) for p in m.parameters()}
         linears = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)}
         linears -= routers | {id(self.transformer.wte.weight)}  # the tied LM head is the embedding
-        groups = {"decay": [], "no_decay": [], "router": []}
+        matrices = set()  # the blocks' projections: the Linear layers of Attention and MLP, routers aside
+        if optimizer == "muon":
+            matrices = {id(m.weight) for block in self.transformer.h for part in (block.attn, block.mlp)
+                        for m in part.modules() if isinstance(m, nn.Linear)} - routers
+        elif optimizer != "adamw":
+            raise ValueError(f"unknown optimizer '{optimizer}'; choose 'adamw' or 'muon'")
+        groups = {"muon": [], "decay": [], "no_decay": [], "router": []}
         for p in self.parameters():
-            groups["router" if id(p) in routers else "decay" if id(p) in linears else "no_decay"].append(p)
+            name = ("muon" if id(p) in matrices else "router" if id(p) in routers
+                    else "decay" if id(p) in linears else "no_decay")
+            groups[name].append(p)
         settings = dict(decay=(weight_decay, learning_rate), no_decay=(0.0, learning_rate), router=(0.0, router_lr))
         param_groups = [dict(name=name, params=groups[name], weight_decay=wd, lr=lr, peak_lr=lr)
                         for name, (wd, lr) in settings.items() if groups[name]]
-        return torch.optim.AdamW(param_groups, betas=betas, eps=eps, fused=device_type == "cuda")
+        adamw = torch.optim.AdamW(param_groups, betas=betas, eps=eps, fused=device_type == "cuda")
+        if optimizer == "adamw":
+            return adamw
+        muon = torch.optim.Muon([dict(name="muon", params=groups["muon"], lr=muon_lr, peak_lr=muon_lr)],
+                                lr=muon_lr, weight_decay=weight_decay, momentum=muon_momentum)
+        return [muon, adamw]
 
 
 # ----------------------------------------------------------------------------- Hyper-Connections

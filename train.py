@@ -59,12 +59,16 @@ mlp_hidden = None          # None: the Llama rule (8/3 * n_embd, rounded up to 6
 dropout = 0.0
 lime = True                # the paper's method; False: the Llama baseline
 router = 'full'            # full, average, dynamic, last-<j>, first-<j>
+router_init = 'paper'      # 'paper' (the authors' init) or 'identity' (LIMe starts as the baseline function)
 hc = 0                     # Hyper-Connections expansion rate (0: off; the paper uses 4)
 hc_dynamic = False
 value_residual = False     # ResFormer's value residual (for comparison with LIMe)
 denseformer = False        # DenseFormer's learned average of earlier block outputs (for comparison)
-# AdamW
-learning_rate = 2e-3       # peak lr
+# optimizer: 'adamw' (the paper's) or 'muon' (torch.optim.Muon on the blocks' projection matrices, AdamW on the rest)
+optimizer = 'adamw'
+muon_lr = 0.02             # peak lr of Muon's matrices (optimizer='muon'); the schedule below scales it too
+muon_momentum = 0.95
+learning_rate = 2e-3       # peak lr (AdamW)
 router_lr = 1e-2           # peak lr of the LIMe routers (paper: 10x the model's)
 max_iters = 2500
 weight_decay = 0.1
@@ -92,6 +96,10 @@ for key in ('batch_size', 'total_batch_size', 'eval_interval', 'log_interval', '
 for key in ('max_iters', 'warmup_iters', 'lr_decay_iters'):
     if config[key] < 0:
         raise UserError(f"{key}={config[key]} must be >= 0")
+if optimizer not in ('adamw', 'muon'):
+    raise UserError(f"optimizer={optimizer!r}: expected 'adamw' or 'muon'")
+if not (muon_lr > 0 and 0 <= muon_momentum < 1):
+    raise UserError(f"muon_lr={muon_lr} must be > 0 and muon_momentum={muon_momentum} in [0, 1)")
 if init_from not in ('scratch', 'resume'):
     raise UserError(f"init_from={init_from!r}: expected 'scratch' or 'resume'")
 if not 0.0 <= dropout < 1.0:
@@ -115,7 +123,7 @@ for split, n in sizes.items():
         raise UserError(f"block_size={block_size} is too large for dataset '{dataset}': its {split} split "
                         f"has only {n} tokens (needs more than block_size)")
 model_args = {k: config[k] for k in ('block_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden',
-                                     'dropout', 'lime', 'router', 'hc', 'hc_dynamic', 'value_residual', 'denseformer')}
+                                     'dropout', 'lime', 'router', 'router_init', 'hc', 'hc_dynamic', 'value_residual', 'denseformer')}
 try:  # shapes and the router variant
     gptconf = GPTConfig(vocab_size=int(meta['vocab_size']), **model_args)
 except ValueError as e:
@@ -125,11 +133,16 @@ ckpt = None
 if init_from == 'resume':
     ckpt = load_checkpoint(ckpt_path, "checkpoint to resume from (init_from='resume')")
     ours, theirs = dataclasses.asdict(gptconf), ckpt['model_args']
-    diff = [k for k in sorted(set(ours) | set(theirs)) if k != 'dropout' and ours.get(k) != theirs.get(k)]
+    diff = [k for k in sorted(set(ours) | set(theirs))  # dropout and the init may change on resume
+            if k not in ('dropout', 'router_init') and ours.get(k) != theirs.get(k)]
     if diff:
         what = ', '.join(f"{k}: {theirs.get(k)!r} in the checkpoint, {ours.get(k)!r} now" for k in diff)
         raise UserError(f"cannot resume from {ckpt_path}: the model differs ({what}); "
                         "use the checkpoint's settings or another out_dir")
+    if ckpt['config'].get('optimizer', 'adamw') != optimizer:
+        raise UserError(f"cannot resume from {ckpt_path}: it was trained with optimizer="
+                        f"{ckpt['config'].get('optimizer', 'adamw')!r}, this run asks for {optimizer!r}; "
+                        "use the checkpoint's optimizer or another out_dir")
 
 # devices and DDP (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE)
 device = resolve_device(device)  # an indexed 'cuda:N' on CUDA: cuda:LOCAL_RANK under torchrun
@@ -156,15 +169,19 @@ if master:
 # model, optimizer, and the state a resumed run continues from
 torch.manual_seed(seed)
 model = GPT(gptconf).to(device)
-optimizer = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2), device_type)
+optimizers = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2), device_type,
+                                        optimizer=optimizer, muon_lr=muon_lr, muon_momentum=muon_momentum)
+optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
 scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
 iter_num, best_val_loss, tokens_seen, flops_seen = 0, float('inf'), 0, 0
 data_rng = np.random.default_rng([seed, rank])  # each rank draws its own batches
 torch.manual_seed(seed + 1 + rank)  # dropout
 if ckpt is not None:
     model.load_state_dict(ckpt['model'])
-    if 'optimizer' in ckpt:
-        optimizer.load_state_dict(ckpt['optimizer'])
+    if 'optimizer' in ckpt:  # one state dict per optimizer (a single one in older checkpoints)
+        states = ckpt['optimizer'] if isinstance(ckpt['optimizer'], list) else [ckpt['optimizer']]
+        for opt, state in zip(optimizers, states):
+            opt.load_state_dict(state)
     if ckpt.get('scaler') and scaler.is_enabled():
         scaler.load_state_dict(ckpt['scaler'])
     iter_num, best_val_loss = int(ckpt['iter_num']), float(ckpt.get('best_val_loss', float('inf')))
@@ -284,7 +301,7 @@ if iter_num >= max_iters and master and not eval_only:
 while iter_num < max_iters and not eval_only:
     iter_num += 1
     lr = get_lr(iter_num)
-    for g in optimizer.param_groups:  # each group at its own peak (the routers' is router_lr)
+    for g in (g for opt in optimizers for g in opt.param_groups):  # each group at its own peak (router_lr, muon_lr)
         g['lr'] = g['peak_lr'] * lr / learning_rate
     t0 = time.time()
     loss_sum = torch.zeros((), device=device)
@@ -300,11 +317,13 @@ while iter_num < max_iters and not eval_only:
         scaler.scale(loss).backward()
         del loss  # nothing of this step's graph may live on into the next forward
     if grad_clip > 0.0:
-        scaler.unscale_(optimizer)
+        for opt in optimizers:
+            scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
-    scaler.step(optimizer)
+    for opt in optimizers:
+        scaler.step(opt)
     scaler.update()
-    optimizer.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
     # one sync per iteration: the loss (mean over ranks) and whether any rank was signalled
     stats = torch.stack([loss_sum, torch.tensor(float(stop_signal is not None), device=device)])
     if ddp:
@@ -346,7 +365,7 @@ while iter_num < max_iters and not eval_only:
         if finite.item() < 1:
             raise UserError(stopped(f"the weights are not finite at iter {iter_num}"))
         if master:
-            atomic_save({CKPT_MARKER: 1, 'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
+            atomic_save({CKPT_MARKER: 1, 'model': raw_model.state_dict(), 'optimizer': [opt.state_dict() for opt in optimizers],
                          'scaler': scaler.state_dict() if scaler.is_enabled() else None,
                          'model_args': dataclasses.asdict(gptconf), 'iter_num': iter_num,
                          'best_val_loss': best_val_loss, 'config': config, 'meta': meta, 'rng': rng_states,

@@ -30,12 +30,12 @@ def build(seed=0, **kw):
     return model
 
 
-def plain_router_forward(self, x, sources):
+def plain_router_forward(self, x, buffer):
     """Router.forward through the plain eq. (2): the full matrix over the stacked buffer."""
     R = self.matrix()
     if self.dynamic is not None:
         R = R + self.dynamic(x).view(*x.shape[:2], *R.shape)
-    return M.route_reference(R, torch.cat(sources, dim=2))
+    return M.route_reference(R, torch.cat(buffer.sources, dim=2))
 
 
 def scramble(model):
@@ -54,35 +54,48 @@ def loss_and_grads(model, x, y):
     return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+# (layers, layers per block of the two-phase sum): the default rule; a depth that is not a multiple
+# of the block; the degenerate blocks of 1 layer (phase 1 does everything) and >= L (phase 2 does)
+BLOCKINGS = [(4, None), (7, 3), (5, 1), (4, 4), (3, 8)]
+
+
 @pytest.mark.parametrize("router", VARIANTS)
 @pytest.mark.parametrize("n_kv_head", [4, 2])
 def test_fast_path_matches_the_plain_reference(router, n_kv_head, monkeypatch):
-    model = build(lime=True, router=router, n_kv_head=n_kv_head)
-    x, y = torch.randint(0, V, (2, 16)), torch.randint(0, V, (2, 16))
-    fast_logits, fast_grads = loss_and_grads(model, x, y)
-    monkeypatch.setattr(M.Router, "forward", plain_router_forward)
-    ref_logits, ref_grads = loss_and_grads(model, x, y)
-    torch.testing.assert_close(fast_logits, ref_logits, atol=1e-5, rtol=1e-5)
-    assert fast_grads.keys() == ref_grads.keys()
-    assert any("router" in n for n in ref_grads) == (router != "average")
-    for name in ref_grads:  # routers, projections of every layer, everything
-        torch.testing.assert_close(fast_grads[name], ref_grads[name], atol=1e-6, rtol=1e-4, msg=name)
+    """KVBuffer's two-phase sum against eq. (2) as written: logits and every gradient (routers,
+    dynamic offsets, every layer's projections), for every block size case."""
+    for n_layer, block in BLOCKINGS:
+        model = build(lime=True, router=router, n_kv_head=n_kv_head, n_layer=n_layer)
+        if block is not None:
+            model.route_block_size = block
+        x, y = torch.randint(0, V, (2, 16)), torch.randint(0, V, (2, 16))
+        fast_logits, fast_grads = loss_and_grads(model, x, y)
+        with monkeypatch.context() as patch:
+            patch.setattr(M.Router, "forward", plain_router_forward)
+            ref_logits, ref_grads = loss_and_grads(model, x, y)
+        torch.testing.assert_close(fast_logits, ref_logits, atol=1e-5, rtol=1e-5)
+        assert fast_grads.keys() == ref_grads.keys()
+        assert any("router" in n for n in ref_grads) == (router != "average")
+        for name in ref_grads:  # routers, projections of every layer, everything
+            torch.testing.assert_close(fast_grads[name], ref_grads[name], atol=1e-6, rtol=1e-4,
+                                       msg=f"{name} (L={n_layer}, block={block})")
 
 
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_route_gradcheck_against_the_reference(dynamic):
-    """route() in float64: equal to route_reference, and its gradients (to the router, the
-    per-token offsets and every layer's sources) pass gradcheck."""
+def test_two_phase_blocks_default_to_about_sqrt_depth():
+    assert [M.route_block_size(L) for L in (1, 4, 16, 32, 64, 128)] == [1, 2, 4, 6, 8, 11]
+    assert build(lime=True, n_layer=16).route_block_size == 4
+
+
+def test_route_gradcheck_against_the_reference():
+    """route() in float64, over single layers and over blocks of layers (a wider source group than
+    output): equal to route_reference, and its gradients (router, every source) pass gradcheck."""
     torch.manual_seed(0)
-    B, T, H, d, L = 2, 3, 2, 4, 3
-    sources = [torch.randn(2, B, H, T, d, dtype=torch.float64, requires_grad=True) for _ in range(L)]
-    weight = torch.randn(H, L * H, dtype=torch.float64, requires_grad=True)
-    delta = torch.randn(B, T, H, L * H, dtype=torch.float64, requires_grad=True) if dynamic else None
-    ref = M.route_reference(weight if delta is None else weight + delta, torch.cat(sources, dim=2))
-    torch.testing.assert_close(M.route(weight, sources, delta), ref)
-    inputs = (weight, *sources) + ((delta,) if dynamic else ())
-    assert torch.autograd.gradcheck(
-        lambda w, *rest: M.route(w, list(rest[:L]), rest[L] if dynamic else None), inputs)
+    B, T, d = 2, 3, 4
+    for H_out, H_src, n in [(2, 2, 3), (4, 6, 2)]:
+        sources = [torch.randn(2, B, H_src, T, d, dtype=torch.float64, requires_grad=True) for _ in range(n)]
+        weight = torch.randn(H_out, n * H_src, dtype=torch.float64, requires_grad=True)
+        torch.testing.assert_close(M.route(weight, sources), M.route_reference(weight, torch.cat(sources, dim=2)))
+        assert torch.autograd.gradcheck(lambda w, *src: M.route(w, list(src)), (weight, *sources))
 
 
 def test_router_gradient_is_summed_in_float32_under_fp16_autocast():
@@ -97,6 +110,21 @@ def test_router_gradient_is_summed_in_float32_under_fp16_autocast():
     out.backward(torch.full_like(out, 150.0))  # each block's gradient: 150 * 8 * T * d = 38400 < 65504
     assert weight.grad.dtype == torch.float32
     torch.testing.assert_close(weight.grad, torch.full((H, 2 * H), 38400.0 * 2 * B))  # 153600 > fp16 max
+
+
+@pytest.mark.parametrize("router", ["full", "dynamic", "first-2"])
+def test_identity_router_init_is_the_baseline(router):
+    """router_init='identity': at init LIMe computes exactly the baseline function; the paper's
+    init does not."""
+    base = build(n_kv_head=2)
+    x = torch.randint(0, V, (3, 16))
+    for init, same in (("identity", True), ("paper", False)):
+        lime = GPT(tiny(n_kv_head=2, lime=True, router=router, router_init=init))
+        lime.load_state_dict(base.state_dict(), strict=False)
+        diff = (lime(x, x)[0] - base(x, x)[0]).abs().max()
+        assert diff < 1e-6 if same else diff > 1e-3, (init, diff)
+    with pytest.raises(ValueError, match="router_init"):
+        tiny(lime=True, router_init="zeros")
 
 
 def test_identity_routers_give_the_baseline():
@@ -386,8 +414,8 @@ def test_no_kv_source_outlives_its_step(router):
     refs = []
 
     def track(module, args, output):
-        x, sources = args
-        refs.extend(StorageWeakRef(t.untyped_storage()) for t in (*sources, output))
+        x, buffer = args
+        refs.extend(StorageWeakRef(t.untyped_storage()) for t in (*buffer.sources, *buffer.blocks, output))
 
     model = build(lime=True, router=router)
     for block in model.transformer.h[1:]:

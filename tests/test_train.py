@@ -152,9 +152,11 @@ def test_peak_flops_table():
     assert common.peak_flops('Tesla T4') is None
 
 
-def test_resume_is_exact(data_dir, tmp_path):
+@pytest.mark.parametrize('optimizer', ['adamw', 'muon'])
+def test_resume_is_exact(optimizer, data_dir, tmp_path):
     """N iterations in one run == N/2, then a resumed N/2: same losses, bit-identical weights and optimizer."""
-    args = [*TINY, f'--data_dir={data_dir}', '--lr_decay_iters=20', '--eval_interval=5', '--dropout=0.1']
+    args = [*TINY, f'--data_dir={data_dir}', '--lr_decay_iters=20', '--eval_interval=5', '--dropout=0.1',
+            f'--optimizer={optimizer}']
     full, half = str(tmp_path / 'full'), str(tmp_path / 'half')
     ok(run('train.py', *args, f'--out_dir={full}', '--max_iters=20'))
     ok(run('train.py', *args, f'--out_dir={half}', '--max_iters=10'))
@@ -168,8 +170,11 @@ def test_resume_is_exact(data_dir, tmp_path):
     assert a['model'].keys() == b['model'].keys()
     for k in a['model']:
         assert torch.equal(a['model'][k], b['model'][k]), k
-    for sa, sb in zip(a['optimizer']['state'].values(), b['optimizer']['state'].values()):
-        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert len(a['optimizer']) == len(b['optimizer']) == (2 if optimizer == 'muon' else 1)
+    for oa, ob in zip(a['optimizer'], b['optimizer']):
+        assert len(oa['state']) == len(ob['state']) > 0
+        for sa, sb in zip(oa['state'].values(), ob['state'].values()):
+            assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 def test_accumulation_is_derived_from_total_batch_size(data_dir, tmp_path):
@@ -187,8 +192,8 @@ def test_accumulation_is_derived_from_total_batch_size(data_dir, tmp_path):
 
 
 def test_ddp_cpu_two_ranks(data_dir, tmp_path):
-    """torchrun, 2 gloo ranks, gradient accumulation: both ranks end with identical weights, and DDP does
-    not broadcast the model's buffers at every forward."""
+    """torchrun, 2 gloo ranks, gradient accumulation, Muon (and AdamW beside it): both ranks end with identical
+    weights, and DDP does not broadcast the model's buffers at every forward."""
     out = str(tmp_path / 'ddp')
     spy = tmp_path / 'ddp_spy.py'  # train.py, with DDP reporting whether it syncs buffers every forward
     spy.write_text("import os, runpy, sys, torch.nn.parallel as par\n"
@@ -203,7 +208,7 @@ def test_ddp_cpu_two_ranks(data_dir, tmp_path):
                    "runpy.run_path('train.py', run_name='__main__')\n")
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', str(spy)]
     args = [*TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--lr_decay_iters=10', '--eval_interval=3',
-            '--total_batch_size=1024']  # batch x block x accumulation x world = 8 x 32 x 2 x 2
+            '--total_batch_size=1024', '--optimizer=muon']  # batch x block x accumulation x world = 8 x 32 x 2 x 2
     p = ok(run(None, *args, '--max_iters=6', cmd=cmd))
     assert 'x 2 accumulation steps x 2 ranks = 1,024 tokens/iter' in p.stdout
     assert 'ddp: weights identical on all 2 ranks' in p.stdout
