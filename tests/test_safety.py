@@ -167,20 +167,22 @@ def test_a_scratch_run_does_not_replace_a_trained_model(run_copy, data_dir):
     assert log_iters(run_copy) == [0, 1, 2] and torch.load(os.path.join(run_copy, 'ckpt.pt'))['iter_num'] == 2
 
 
-def nan_loss(self, *args, _forward=model.GPT.forward, **kwargs):
-    logits, loss = _forward(self, *args, **kwargs)
-    return logits, (loss * float('nan') if self.training else loss)
-
-
 def test_a_failed_resume_leaves_the_checkpoint_and_the_log_as_they_were(run_copy, data_dir, monkeypatch):
     # records past the checkpoint (iter 4), as a run with always_save_checkpoint=False leaves them
     with open(os.path.join(run_copy, 'log.jsonl'), 'a') as f:
         for it in (5, 6):
             f.write(json.dumps({'iter': it, 'loss': 3.0}) + '\n')
     before = files(run_copy)
+    forward, steps = model.GPT.forward, []
+
+    def nan_from_the_second_step(self, *args, **kwargs):  # iter 5 is logged, iter 6 fails
+        logits, loss = forward(self, *args, **kwargs)
+        if self.training:
+            steps.append(1)
+        return logits, loss * float('nan') if len(steps) >= 2 else loss
     with monkeypatch.context() as m:
-        m.setattr(model.GPT, 'forward', nan_loss)
-        with pytest.raises(UserError, match='loss is nan at iter 5: training stopped'):
+        m.setattr(model.GPT, 'forward', nan_from_the_second_step)
+        with pytest.raises(UserError, match='loss is nan at iter 6: training stopped'):
             train(data_dir, run_copy, '--init_from=resume', '--max_iters=8', '--eval_interval=2')
     assert files(run_copy) == before
     # a resumed run that saves a checkpoint replaces the records past the one it started from with its own
