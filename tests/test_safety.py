@@ -221,7 +221,7 @@ def test_a_save_that_fails_keeps_the_previous_checkpoint_and_log(run_copy, data_
 ])
 def test_nonsense_numbers_are_refused_before_any_work(arg, message, data_dir, tmp_path, capsys):
     with pytest.raises(UserError) as e:
-        train(data_dir, tmp_path / 'out', arg)
+        train(data_dir, tmp_path / 'out', '--max_iters=2', arg)
     assert str(e.value) == message and capsys.readouterr().out == '' and not (tmp_path / 'out').exists()
 
 
