@@ -37,6 +37,7 @@ Without matplotlib only CSV/JSON are written.
 """
 
 import csv
+import difflib
 import json
 import math
 import os
@@ -48,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from common import CKPT_NAME, UserError, configure, data_info, load_checkpoint, load_codec, load_model, \
-    resolve_device
+    prepare_hint, resolve_device, writable_dir
 from model import route_reference
 
 # config: the bare words are the out_dirs, the rest --key=value (or a config file)
@@ -451,13 +452,17 @@ def analyze_run(out_dir, model, ckpt):
         return res
     try:
         ddir, meta, _ = data_info(ds, data_dir or cfg.get('data_dir') or '')
+        val = np.memmap(os.path.join(ddir, 'val.bin'), dtype=np.uint16, mode='r')
+        if int(val.max()) >= model.config.vocab_size:  # the model would fail on it
+            raise UserError(f"{os.path.join(ddir, 'val.bin')} is corrupt: token id {int(val.max())} is beyond the "
+                            f"model's vocabulary ({model.config.vocab_size} ids); "
+                            + prepare_hint(ds, data_dir or cfg.get('data_dir') or '', force=True))
     except UserError as e:
         res['skipped'] = str(e)
         print(f'{out_dir}: {e}; router map only')
         return res
     ckpt['meta'] = ckpt.get('meta') or meta  # older checkpoints carry no vocabulary: the dataset's
     encode, decode = load_codec(ckpt)
-    val = np.memmap(os.path.join(ddir, 'val.bin'), dtype=np.uint16, mode='r')
     T = min(model.config.block_size, context or model.config.block_size, len(val) - 1)
     rec = Recorder(model)
     try:
@@ -480,6 +485,29 @@ if __name__ == '__main__':
     configure(globals(), [a for a in sys.argv[1:] if a not in out_dirs])
     if not out_dirs:
         raise UserError("name the runs to analyze: python analyze.py out-lime out-base [--key=value ...]")
+    for key in ('num_tokens', 'max_per_word', 'probe_iters', 'batch_size'):
+        if globals()[key] < 1:
+            raise UserError(f"{key}={globals()[key]} must be >= 1")
+    if folds < 2:
+        raise UserError(f"folds={folds} must be >= 2 (the probe's cross-validation)")
+    for key in ('context', 'probe_context', 'seed'):
+        if globals()[key] < 0:
+            raise UserError(f"{key}={globals()[key]} must be >= 0")
+    if not (math.isfinite(alpha) and alpha > 0):
+        raise UserError(f"alpha={alpha} must be a finite number > 0 (the Renyi entropy's order)")
+    if data_dir and not os.path.isdir(data_dir):
+        raise UserError(f"data_dir={data_dir} is not a directory; point it at the folder holding <dataset>/")
+    for d in out_dirs:  # a mistyped run is named, not created and filled with empty analysis files
+        if not any(os.path.isfile(os.path.join(d, f)) for f in (CKPT_NAME, 'log.jsonl')):
+            parent = os.path.dirname(os.path.normpath(d))
+            runs = [r for r in os.listdir(parent or '.') if os.path.isfile(os.path.join(parent, r, CKPT_NAME))] \
+                if os.path.isdir(parent or '.') else []
+            close = difflib.get_close_matches(os.path.basename(os.path.normpath(d)), runs, n=1)
+            hint = f"did you mean {os.path.join(parent, close[0])}? " if close else ""
+            raise UserError(f"{d} is not a run (no {CKPT_NAME} or log.jsonl there); {hint}"
+                            "name the out_dirs of train.py runs")
+    for d in [save_dir] if save_dir else out_dirs:  # before any work: the outputs go there
+        writable_dir(d, 'save_dir')
     torch.manual_seed(seed)
     device = resolve_device(device)
     plt = get_plt()
@@ -489,7 +517,6 @@ if __name__ == '__main__':
     if len(set(names)) < len(names):
         names = [os.path.normpath(d).strip(os.sep).replace(os.sep, '_') for d in out_dirs]
     combined_dir = save_dir or out_dirs[0]
-    os.makedirs(combined_dir, exist_ok=True)
 
     def run_path(i, fname):
         return os.path.join(save_dir, f'{names[i]}_{fname}') if save_dir else os.path.join(out_dirs[i], fname)

@@ -49,8 +49,9 @@ import time
 import numpy as np
 import torch
 
-from prepare import dataset_dir
-from common import UserError, configure, load_codec, load_model, resolve_device
+from prepare import DEFAULT_DATA_DIR, arithmetic_tiers, dataset_dir
+from common import UserError, atomic_write, configure, load_codec, load_model, prepare_hint, resolve_device, \
+    writable_dir
 
 # config of the evaluator (python arithmetic.py --key=value); generation and prepare() take arguments
 out_dir = 'out-arithmetic'  # the run to evaluate: <out_dir>/ckpt.pt
@@ -262,6 +263,8 @@ def prepare(out_dir, samples=50000, seed=1337, force=False, tiers=TIERS,
     if not force and all(os.path.exists(os.path.join(out_dir, f)) for f in needed):
         print(f'{out_dir}: AET data already present (use --force=True to regenerate)')
         return
+    if os.path.exists(os.path.join(out_dir, 'meta.pkl')):  # redoing: until the end, the old data is not prepared
+        os.remove(os.path.join(out_dir, 'meta.pkl'))
     t0 = time.time()
     seen = set()
     rng_eval = random.Random(seed)
@@ -384,21 +387,45 @@ def evaluate(model, lines, encode, decode, device='cpu', batch_size=256, block_s
     return res
 
 
+def make_hint(folder, force=False):
+    """The prepare.py command that makes the arithmetic dataset in `folder` (again), when its name says which."""
+    name, root = os.path.basename(os.path.normpath(folder)), os.path.dirname(os.path.normpath(folder))
+    if arithmetic_tiers(name):
+        return prepare_hint(name, '' if root == DEFAULT_DATA_DIR else root, force)
+    return (f"{folder} is not named as prepare.py names arithmetic datasets (arithmetic, arithmetic-<tiers>): point "
+            "--data_dir at the folder of the arithmetic data the model was trained on (python prepare.py arithmetic "
+            "writes data/arithmetic)")
+
+
 if __name__ == '__main__':
     configure(globals())
     if split not in ('test', 'val'):
         raise UserError(f"split={split!r}: expected 'test' or 'val'")
+    if max_examples < 0 or batch_size < 1:
+        raise UserError(f"max_examples={max_examples} must be >= 0 (0: all) and batch_size={batch_size} >= 1")
     torch.manual_seed(seed)
     device = resolve_device(device)
     model, ckpt = load_model(out_dir, device)
     encode, decode = load_codec(ckpt)
     cfg = ckpt['config']
-    data_dir = data_dir or dataset_dir(cfg.get('dataset') or 'arithmetic', cfg.get('data_dir') or None)
+    trained_on = cfg.get('dataset') or 'arithmetic'
+    try:
+        encode(CHARS)
+    except ValueError:
+        raise UserError(f"{out_dir} was trained on '{trained_on}', whose vocabulary lacks the arithmetic characters "
+                        f"{CHARS.strip()!r}; evaluate a model trained on an arithmetic dataset") from None
+    run_dir = out_dir if os.path.isdir(out_dir) else os.path.dirname(out_dir) or '.'  # out_dir may name the .pt file
+    writable_dir(run_dir, 'out_dir')  # now, not after the evaluation
+    data_dir = data_dir or dataset_dir(trained_on, cfg.get('data_dir') or None)
     path = os.path.join(data_dir, f'{split}.txt')
     if not os.path.isfile(path):
-        raise UserError(f"no {path}; run: python prepare.py arithmetic (or point --data_dir at the dataset's folder)")
+        raise UserError(f"no {path}; {make_hint(data_dir)}")
     with open(path) as f:
         lines = [l for l in f.read().split('\n') if l]
+    for i, l in enumerate(lines):
+        if not (_ALLOWED_LINE_RE.match(l) and '=' in l and l.rsplit('=', 1)[1].isdigit()):
+            raise UserError(f"{path} is corrupt: line {i + 1} ({l[:60]!r}) is not an example expression=...=result; "
+                            f"{make_hint(data_dir, force=True)}")
     if max_examples:
         kept, per = [], {}
         for l in lines:
@@ -407,6 +434,8 @@ if __name__ == '__main__':
                 per[n] = per.get(n, 0) + 1
                 kept.append(l)
         lines = kept
+    if not lines:  # a result file is never replaced by the score of nothing
+        raise UserError(f"{path} has no examples; {make_hint(data_dir, force=True)}")
     t0 = time.time()
     res = evaluate(model, lines, encode, decode, device, batch_size)
     res.update({'out_dir': out_dir, 'split': split, 'data_dir': data_dir,
@@ -416,7 +445,6 @@ if __name__ == '__main__':
               f'exact chain {t["exact_chain"]:.4f}, step accuracy {t["step_accuracy"]:.4f}, '
               f'majority baseline {t["majority_baseline"]:.4f}')
     print(f'overall accuracy {res["accuracy"]:.4f} on {res["n"]} examples ({res["eval_seconds"]:.1f}s)')
-    path = os.path.join(out_dir, f'arith_eval_{split}.json')
-    with open(path, 'w') as f:
-        json.dump(res, f, indent=1)
+    path = os.path.join(run_dir, f'arith_eval_{split}.json')
+    atomic_write(path, lambda f: f.write(json.dumps(res, indent=1).encode()))
     print(f'wrote {path}')

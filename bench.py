@@ -12,12 +12,15 @@ Profiles, decode speed and memory over depth: dev/bench_detail.py.
 """
 import gc
 import json as jsonlib
+import math
+import os
 import statistics
 import time
 
 import torch
 
-from common import UserError, autocast, configure, peak_flops as device_peak_flops, resolve_device, resolve_dtype
+from common import UserError, atomic_write, autocast, configure, peak_flops as device_peak_flops, resolve_device, \
+    resolve_dtype, writable_dir
 from model import GPT, GPTConfig, ROUTERS
 
 # ----------------------------------------------------------------------------- config
@@ -221,6 +224,14 @@ if __name__ == '__main__':
         raise UserError(f"--variants needs distinct names, got '{variants}' (e.g. --variants=baseline,lime,hc)")
     if min(warmup, iters, batch_size, block_size) < 1:
         raise UserError("warmup, iters, batch_size and block_size must be >= 1 (the first step compiles)")
+    if threads < 0:
+        raise UserError(f"threads={threads} must be >= 0 (0: PyTorch's default)")
+    if not (math.isfinite(peak_flops) and peak_flops >= 0):
+        raise UserError(f"peak_flops={peak_flops} must be a finite number >= 0 (0: from the GPU's name)")
+    if json:  # now, not after the benchmark
+        if os.path.isdir(json):
+            raise UserError(f"json={json} is a directory; name a file, e.g. --json={os.path.join(json, 'b.json')}")
+        writable_dir(os.path.dirname(json) or '.', 'json')
     try:
         layer_list = [int(d) for d in depths.split(',')] if depths.strip() else [n_layer]
     except ValueError:
@@ -258,6 +269,6 @@ if __name__ == '__main__':
                      dev.type == 'cuda' else "bytes saved for backward (activations, not weights or optimizer state)"))
     if json:
         config.update(device=str(dev), threads=torch.get_num_threads(), peak_flops=peak)  # as resolved
-        with open(json, 'w') as f:
-            jsonlib.dump(dict(config=config, records=records), f, indent=1)
+        text = jsonlib.dumps(dict(config=config, records=records), indent=1)
+        atomic_write(json, lambda f: f.write(text.encode()))
         print(f"wrote {json} ({len(records)} records)")

@@ -12,7 +12,10 @@ import ast
 import builtins
 import dataclasses
 import difflib
+import fcntl
+import json
 import pickle
+import tempfile
 from contextlib import nullcontext
 
 import numpy as np
@@ -201,15 +204,59 @@ def peak_flops(device_name):
 
 
 # ----------------------------------------------------------------------------- checkpoints
-def atomic_save(obj, path):
-    """torch.save to a temp file in the same directory, fsync, then os.replace: a crash at any point
-    leaves either the old or the new file at `path`, never a partial one."""
-    tmp = path + '.tmp'
-    with open(tmp, 'wb') as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def writable_dir(path, key):
+    """Make directory `path` (set by config key `key`) if missing and check that this process can write files in
+    it, before any work that the first write would otherwise lose; UserError saying what to change if not."""
+    if not path:
+        raise UserError(f"{key} is empty: name a directory (--{key}=DIR)")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        reason = "it is a file, not a directory" if isinstance(e, FileExistsError) else (e.strerror or str(e)).lower()
+        raise UserError(f"cannot write into {key}={path}: {reason}; choose another --{key}") from None
+
+
+_locks = {}  # directory -> the open lock file; kept open (and so locked) until this process ends
+
+
+def lock_dir(path, what):
+    """Claim directory `path` for this process's life: an exclusive flock on <path>/.lock, with our pid written in
+    it for whoever finds it taken. `what` names the directory in the error, e.g. 'out_dir'. UserError naming the
+    process that holds it (the lock goes with that process, however it ends: no stale locks to clean up)."""
+    fd = os.open(os.path.join(path, '.lock'), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = os.read(fd, 32).decode(errors='replace').strip() or '?'
+        os.close(fd)
+        raise UserError(f"{what} {path} is in use by another process (pid {pid}); wait for it to end, "
+                        f"or use another {what}") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _locks[path] = fd
+
+
+def atomic_write(path, write, then="run again"):
+    """write(f) into a temp file in the same directory (its name unique to this process), fsync, then os.replace:
+    a crash, a kill or a full disk at any point leaves either the old or the new file at `path`, never a partial
+    one. UserError if it cannot be written (the old file is then untouched, the temp file removed), which says to
+    free some space or fix the permissions, then to do `then`."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, 'wb') as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise UserError(f"cannot write {path}: {(e.strerror or str(e)).lower()}; the file there, if any, is "
+                        f"unchanged: free some space (or fix the permissions), then {then}") from None
     try:  # make the rename itself durable
         fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
         try:
@@ -220,6 +267,11 @@ def atomic_save(obj, path):
         pass
 
 
+def atomic_save(obj, path, then="run again"):
+    """torch.save, atomically (see atomic_write)."""
+    atomic_write(path, lambda f: torch.save(obj, f), then)
+
+
 def load_checkpoint(path, what="checkpoint"):
     """One of our checkpoints, loaded on the CPU (weights only, memory-mapped), with the prefixes that
     torch.compile ('_orig_mod.') and DDP ('module.') add stripped from the state dict; UserError if it
@@ -228,17 +280,18 @@ def load_checkpoint(path, what="checkpoint"):
         raise UserError(f"no {what} at {path}")
     if os.path.isdir(path):
         raise UserError(f"{path} is a directory, not a checkpoint file")
+    # train.py writes checkpoints atomically: a damaged one was cut or changed by something else
+    damaged = "restore it from a copy, or train again (train.py --overwrite replaces it)"
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [''])[0][:200]
-        raise UserError(f"{path} is truncated or not a checkpoint ({type(e).__name__}: {first})") from None
+    except Exception:  # torch's messages here are about its internals (--debug shows them)
+        raise UserError(f"{path} is truncated or not a checkpoint; {damaged}") from None
     if not isinstance(ckpt, dict) or CKPT_MARKER not in ckpt:
-        raise UserError(f"{path} is not a nanoLIMe checkpoint (no '{CKPT_MARKER}' marker; "
-                        "it was written by another program)")
+        raise UserError(f"{path} is not a nanoLIMe checkpoint (no '{CKPT_MARKER}' marker; it was written by "
+                        "another program); point --out_dir at a directory train.py wrote")
     missing = [k for k in ('model', 'model_args', 'iter_num', 'config') if k not in ckpt]
     if missing:
-        raise UserError(f"{path} is damaged: missing {', '.join(missing)}")
+        raise UserError(f"{path} is damaged: missing {', '.join(missing)}; {damaged}")
     ckpt['model'] = {_strip_prefixes(k): v for k, v in ckpt['model'].items()}
     from model import GPTConfig  # older checkpoints lack the newer model options: those are off
     ckpt['model_args'] = {**{f.name: f.default for f in dataclasses.fields(GPTConfig)}, **ckpt['model_args']}
@@ -255,7 +308,7 @@ def _strip_prefixes(key):
 def load_model(path, device='cpu'):
     """(model in eval mode on `device`, checkpoint) from an out_dir or a checkpoint file."""
     from model import GPT, GPTConfig
-    if os.path.isdir(path) or not path.endswith('.pt'):  # an out_dir
+    if os.path.isdir(path) or not (os.path.exists(path) or path.endswith('.pt')):  # an out_dir
         if not os.path.exists(os.path.join(path, CKPT_NAME)):
             raise UserError(f"no checkpoint at {os.path.join(path, CKPT_NAME)}; train one first (python train.py "
                             f"--out_dir={path}) or point --out_dir at the directory holding {CKPT_NAME}")
@@ -266,7 +319,8 @@ def load_model(path, device='cpu'):
         model.load_state_dict(ckpt['model'])
     except (TypeError, ValueError, RuntimeError) as e:
         first = (str(e).strip().splitlines() or [''])[0][:300]
-        raise UserError(f"{path} does not fit this version of model.py ({type(e).__name__}: {first})") from None
+        raise UserError(f"{path} does not fit this version of model.py ({first}); use the version of model.py "
+                        "it was trained with") from None
     return model.eval().to(device), ckpt
 
 
@@ -277,22 +331,58 @@ def load_codec(ckpt):
     meta = ckpt.get('meta')
     if meta is None:
         dataset, data_dir = ckpt['config'].get('dataset', ''), ckpt['config'].get('data_dir', '')
-        meta_path = os.path.join(prepare.dataset_dir(dataset, data_dir or None), 'meta.pkl')
-        if not os.path.isfile(meta_path):
-            raise UserError(f"the checkpoint has no vocabulary and {meta_path} is missing; "
-                            f"run: python prepare.py {dataset}")
-        with open(meta_path, 'rb') as f:
-            meta = pickle.load(f)
+        ddir = prepare.dataset_dir(dataset, data_dir or None)
+        if not os.path.isfile(os.path.join(ddir, 'meta.pkl')):
+            raise UserError(f"the checkpoint has no vocabulary and {os.path.join(ddir, 'meta.pkl')} is missing; "
+                            + prepare_hint(dataset, data_dir))
+        meta = read_meta(ddir, dataset, data_dir)
     try:
         return prepare.load_codec(meta)
     except ValueError as e:
-        raise UserError(f"the checkpoint's vocabulary: {e}") from None
+        raise UserError(f"the checkpoint's vocabulary: {e}; use the version of prepare.py it was made with") from None
 
 
 # ----------------------------------------------------------------------------- data
+def prepare_hint(dataset, data_dir='', force=False):
+    """What makes (force: makes again) dataset `dataset` under data_dir: the prepare.py command, or, for a dataset
+    prepare.py does not know, where its files go."""
+    import prepare
+    ddir = prepare.dataset_dir(dataset, data_dir or None)
+    if dataset not in prepare.DATASETS and not prepare.arithmetic_tiers(dataset):
+        return (f"prepare.py does not make '{dataset}': put train.bin, val.bin and meta.pkl in {ddir} "
+                "(the format prepare.py writes), or choose another dataset")
+    cmd = f"python prepare.py {dataset}{' --force' if force else ''}{f' --data_dir={data_dir}' if data_dir else ''}"
+    if force and prepare.arithmetic_tiers(dataset):  # the same examples again: the size and seed it was made with
+        try:
+            with open(os.path.join(ddir, 'info.json')) as f:
+                info = json.load(f)
+            cmd += f" --samples={info['sizes']['train_lines'] // len(info['tiers'])} --seed={info['seed']}"
+        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+            pass
+    elif force and dataset == 'fineweb_edu':
+        cmd += " (with the --files, --hf_config and --num_tokens it was made with)"
+    return f"rebuild it: {cmd}" if force else f"run: {cmd}"
+
+
+def read_meta(ddir, dataset, data_dir=''):
+    """The dict in <ddir>/meta.pkl; UserError naming it corrupt, with the command that rebuilds it."""
+    path = os.path.join(ddir, 'meta.pkl')
+    try:
+        with open(path, 'rb') as f:
+            meta = pickle.load(f)
+        if not 1 <= int(meta['vocab_size']) <= 2 ** 16:  # token ids are stored as uint16
+            raise ValueError(f"vocab_size={meta['vocab_size']}")
+    except Exception as e:  # anything unpickling garbage raises
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"{path} is corrupt ({first}); {prepare_hint(dataset, data_dir, force=True)}") from None
+    return meta
+
+
 def data_info(dataset, data_dir=''):
     """(directory, meta, {split: tokens}) of a prepared dataset; UserError with the command to prepare it."""
     import prepare
+    if not dataset:
+        raise UserError(f"dataset is empty: name one ({', '.join(prepare.DATASETS)})")
     ddir = prepare.dataset_dir(dataset, data_dir or None)
     if dataset not in prepare.DATASETS and not prepare.arithmetic_tiers(dataset) and not os.path.isdir(ddir):
         close = difflib.get_close_matches(dataset, prepare.DATASETS, n=1)
@@ -300,24 +390,31 @@ def data_info(dataset, data_dir=''):
         raise UserError(f"unknown dataset '{dataset}'; {hint}known: {', '.join(prepare.DATASETS)}")
     missing = [f for f in ('train.bin', 'val.bin', 'meta.pkl') if not os.path.isfile(os.path.join(ddir, f))]
     if missing:
-        cmd = f"python prepare.py {dataset}" + (f" --data_dir={data_dir}" if data_dir else "")
         raise UserError(f"dataset '{dataset}' is not prepared ({os.path.join(ddir, missing[0])} is missing); "
-                        f"run: {cmd}")
-    try:
-        with open(os.path.join(ddir, 'meta.pkl'), 'rb') as f:
-            meta = pickle.load(f)
-        int(meta['vocab_size'])
-    except Exception as e:
-        raise UserError(f"{os.path.join(ddir, 'meta.pkl')} is unreadable ({type(e).__name__}: {e}); "
-                        f"prepare again: python prepare.py {dataset} --force") from None
-    sizes = {s: os.path.getsize(os.path.join(ddir, f'{s}.bin')) // 2 for s in ('train', 'val')}
+                        + prepare_hint(dataset, data_dir))
+    meta = read_meta(ddir, dataset, data_dir)
+    sizes = {}
+    for split in ('train', 'val'):
+        path, nbytes = os.path.join(ddir, f'{split}.bin'), os.path.getsize(os.path.join(ddir, f'{split}.bin'))
+        if nbytes % 2 or nbytes == 0:  # uint16 token ids: an odd size is a file cut short
+            what = 'empty' if nbytes == 0 else f'{nbytes} bytes, an odd size: cut short'
+            raise UserError(f"{path} is corrupt ({what}); {prepare_hint(dataset, data_dir, force=True)}")
+        sizes[split] = nbytes // 2
     return ddir, meta, sizes
 
 
-def get_batch(ddir, split, ix, block_size, device):
-    """Inputs and targets (len(ix), block_size) starting at token offsets ix of <ddir>/<split>.bin."""
+def get_batch(ddir, split, ix, block_size, device, vocab_size=None):
+    """Inputs and targets (len(ix), block_size) starting at token offsets ix of <ddir>/<split>.bin; with vocab_size,
+    UserError if a token id is beyond the vocabulary (the data does not match its meta.pkl: corrupt)."""
     data = np.memmap(os.path.join(ddir, f'{split}.bin'), dtype=np.uint16, mode='r')  # re-opened: no leak
-    buf = torch.from_numpy(data[np.asarray(ix)[:, None] + np.arange(block_size + 1)].astype(np.int64))
+    buf = data[np.asarray(ix)[:, None] + np.arange(block_size + 1)]
+    if vocab_size is not None and buf.max() >= vocab_size:  # a batch's worth of ids: cheap; the model would crash
+        dataset, root = os.path.basename(ddir), os.path.dirname(ddir)
+        import prepare
+        hint = prepare_hint(dataset, '' if root == prepare.DEFAULT_DATA_DIR else root, force=True)
+        raise UserError(f"{os.path.join(ddir, split + '.bin')} is corrupt: token id {buf.max()} is beyond the "
+                        f"vocabulary of its meta.pkl ({vocab_size} ids); {hint}")
+    buf = torch.from_numpy(buf.astype(np.int64))
     x, y = buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
     if device.startswith('cuda'):  # pinned, so the copy overlaps with compute
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)

@@ -26,7 +26,8 @@ from urllib.parse import urlparse
 import torch
 import torch.nn.functional as F
 
-from common import UserError, configure, resolve_device, resolve_dtype, autocast, load_model, load_codec, CKPT_NAME
+from common import UserError, configure, resolve_device, resolve_dtype, autocast, load_model, load_codec, \
+    atomic_write, writable_dir, CKPT_NAME
 
 # -----------------------------------------------------------------------------
 out_dir = 'out-fineweb-edu-1b'  # where ckpt.pt is (or the path of a .pt file)
@@ -277,10 +278,16 @@ if __name__ == '__main__':
         raise UserError(f"num_fewshot={num_fewshot} must be >= 0, or None for each task's default")
     if batch_size < 1 or max_gen_toks < 1:
         raise UserError("batch_size and max_gen_toks must be >= 1")
+    if seed < 0:
+        raise UserError(f"seed={seed} must be >= 0")
 
     device = resolve_device(device)
     ptdtype = resolve_dtype(dtype, device)
     model, ckpt = load_model(out_dir, device)
+    # the results go next to the checkpoint (out_dir may name the .pt file): checked now, not after hours of evaluation
+    results_path = os.path.join(out_dir if os.path.isdir(out_dir) else os.path.dirname(out_dir), results_file)
+    if results_file:
+        writable_dir(os.path.dirname(results_path) or '.', 'out_dir')
     encode, decode = load_codec(ckpt)
     task_manager = task_manager_for(names, include_path, include_defaults)
     unknown = [n for n in names if not task_manager.match_tasks([n])]
@@ -318,12 +325,13 @@ if __name__ == '__main__':
     print(make_table(results))
     if 'groups' in results:
         print(make_table(results, 'groups'))
+    counts = [n.get('effective', n.get('original')) for n in (results.get('n-samples') or {}).values()]
+    if counts and not any(counts):  # a result file is never replaced by the scores of nothing
+        raise UserError(f"no examples were evaluated: the tasks {', '.join(names)} have none; check their data files "
+                        f"({results_path if results_file else 'nothing'} was not written)")
     if results_file:
         results['checkpoint'] = {k: ckpt.get(k) for k in ('iter_num', 'tokens', 'flops', 'best_val_loss', 'model_args')}
-        results['checkpoint']['path'] = out_dir if out_dir.endswith('.pt') else os.path.join(out_dir, CKPT_NAME)
-        path = os.path.join(os.path.dirname(out_dir) if out_dir.endswith('.pt') else out_dir, results_file)
-        tmp = path + '.tmp'
-        with open(tmp, 'w') as f:
-            json.dump(results, f, indent=2, default=handle_non_serializable, ensure_ascii=False)
-        os.replace(tmp, path)
-        print(f"wrote {path}")
+        results['checkpoint']['path'] = out_dir if not os.path.isdir(out_dir) else os.path.join(out_dir, CKPT_NAME)
+        text = json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
+        atomic_write(results_path, lambda f: f.write(text.encode()))
+        print(f"wrote {results_path}")

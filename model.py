@@ -48,8 +48,9 @@ class GPTConfig:
             self.n_kv_head = self.n_head
         if self.mlp_hidden is None:
             self.mlp_hidden = 64 * math.ceil(8 * self.n_embd / 3 / 64)
-        if min(self.n_layer, self.n_head, self.n_kv_head, self.n_embd, self.block_size, self.vocab_size) < 1:
-            raise ValueError("n_layer, n_head, n_kv_head, n_embd, block_size and vocab_size must be >= 1")
+        for key in ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'block_size', 'vocab_size'):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         if self.n_head % self.n_kv_head:

@@ -9,6 +9,7 @@ Same --key=value style as train.py (a config file also works). The prompt is enc
 training data's vocabulary (kept in the checkpoint); checkpoints made on a GPU load on a CPU.
 """
 import os
+import math
 
 import torch
 
@@ -32,17 +33,21 @@ if max_new_tokens < 1:
     raise UserError(f"max_new_tokens={max_new_tokens} must be >= 1")
 if num_samples < 1:
     raise UserError(f"num_samples={num_samples} must be >= 1")
-if temperature < 0:
-    raise UserError(f"temperature={temperature} must be >= 0 (0: greedy)")
+if not (math.isfinite(temperature) and temperature >= 0):
+    raise UserError(f"temperature={temperature} must be a finite number >= 0 (0: greedy)")
 if top_k is not None and top_k < 1:
     raise UserError(f"top_k={top_k} must be >= 1, or None for no limit")
 prompt = start
 if prompt.startswith('FILE:'):
     path = prompt[len('FILE:'):]
     if not os.path.isfile(path):
-        raise UserError(f"--start=FILE:{path}: no such file")
-    with open(path, encoding='utf-8') as f:
-        prompt = f.read()
+        raise UserError(f"--start=FILE:{path}: {'a directory, not a file' if os.path.isdir(path) else 'no such file'}")
+    try:
+        with open(path, encoding='utf-8') as f:
+            prompt = f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"--start=FILE:{path} is not UTF-8 text ({e.reason} at byte {e.start}); "
+                        "save it as UTF-8") from None
 device = resolve_device(device)
 ptdtype = resolve_dtype(dtype, device)
 
@@ -52,7 +57,7 @@ del ckpt
 try:
     ids = encode(prompt)
 except ValueError as e:
-    raise UserError(f"--start: {e}") from None
+    raise UserError(f"--start: {e}; write the prompt in the characters the model was trained on") from None
 if not ids:
     raise UserError("--start is empty: give at least one character (the default is a newline)")
 

@@ -13,6 +13,7 @@ Ctrl-C (or SIGTERM) finishes the iteration, saves a checkpoint and exits.
 import os
 import sys
 import gc
+import glob
 import json
 import importlib.util
 import math
@@ -25,8 +26,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import UserError, configure, resolve_device, resolve_dtype, autocast, atomic_save, load_checkpoint, \
-    data_info, get_batch, excepthook, CKPT_NAME, CKPT_MARKER, peak_flops as peak_flops_of
+from common import UserError, configure, resolve_device, resolve_dtype, autocast, atomic_save, atomic_write, \
+    load_checkpoint, data_info, get_batch, excepthook, writable_dir, lock_dir, CKPT_NAME, CKPT_MARKER, \
+    peak_flops as peak_flops_of
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -40,6 +42,7 @@ eval_iters = 20            # batches per split and evaluation (shared out betwee
 eval_only = False          # evaluate the initial (or resumed) model and exit
 always_save_checkpoint = True  # False: checkpoint only when val loss improves
 init_from = 'scratch'      # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+overwrite = False          # True: a scratch run may replace the model already in out_dir (at its first checkpoint)
 # wandb logging (needs `pip install wandb`)
 wandb_log = False
 wandb_project = 'nanolime'
@@ -90,22 +93,27 @@ peak_flops = 0.0           # per-device peak FLOP/s for MFU; 0.0: from the GPU's
 config = configure(globals(), nullable=('n_kv_head', 'mlp_hidden'), tristate=('compile',))
 
 # everything that can be checked is checked before any work
-for key in ('batch_size', 'total_batch_size', 'eval_interval', 'log_interval', 'eval_iters'):
+for key in ('batch_size', 'total_batch_size', 'block_size', 'eval_interval', 'log_interval', 'eval_iters'):
     if config[key] < 1:
         raise UserError(f"{key}={config[key]} must be >= 1")
-for key in ('max_iters', 'warmup_iters', 'lr_decay_iters'):
+for key in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'seed'):
     if config[key] < 0:
         raise UserError(f"{key}={config[key]} must be >= 0")
 if optimizer not in ('adamw', 'muon'):
     raise UserError(f"optimizer={optimizer!r}: expected 'adamw' or 'muon'")
-if not (muon_lr > 0 and 0 <= muon_momentum < 1):
-    raise UserError(f"muon_lr={muon_lr} must be > 0 and muon_momentum={muon_momentum} in [0, 1)")
+if router_init not in ('paper', 'identity'):
+    raise UserError(f"router_init={router_init!r}: expected 'paper' or 'identity'")
 if init_from not in ('scratch', 'resume'):
     raise UserError(f"init_from={init_from!r}: expected 'scratch' or 'resume'")
-if not 0.0 <= dropout < 1.0:
-    raise UserError(f"dropout={dropout} must be in [0, 1)")
-if learning_rate <= 0 or router_lr < 0 or min_lr < 0 or weight_decay < 0 or grad_clip < 0:
-    raise UserError("learning_rate must be > 0; router_lr, min_lr, weight_decay, grad_clip >= 0")
+for key in ('learning_rate', 'router_lr', 'muon_lr', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'):
+    if not (math.isfinite(config[key]) and config[key] >= 0):  # 1e999 parses as inf
+        raise UserError(f"{key}={config[key]} must be a finite number >= 0")
+for key in ('learning_rate', 'muon_lr'):
+    if config[key] == 0:
+        raise UserError(f"{key}={config[key]} must be > 0")
+for key in ('dropout', 'beta1', 'beta2', 'muon_momentum'):
+    if not 0.0 <= config[key] < 1.0:
+        raise UserError(f"{key}={config[key]} must be in [0, 1)")
 if decay_lr and lr_decay_iters <= warmup_iters:
     raise UserError(f"lr_decay_iters={lr_decay_iters} must be > warmup_iters={warmup_iters} (or set decay_lr=False)")
 if wandb_log and importlib.util.find_spec('wandb') is None:
@@ -143,6 +151,34 @@ if init_from == 'resume':
         raise UserError(f"cannot resume from {ckpt_path}: it was trained with optimizer="
                         f"{ckpt['config'].get('optimizer', 'adamw')!r}, this run asks for {optimizer!r}; "
                         "use the checkpoint's optimizer or another out_dir")
+# out_dir is this run's alone: writable (checked now, not at the first save), locked until this process ends (a
+# second run into it stops here), and a trained model in it is replaced only when asked to. Rank 0 checks; under
+# DDP its verdict reaches every rank once they are connected (below), so that all of them stop together.
+ddp = int(os.environ.get('RANK', -1)) != -1
+rank = int(os.environ.get('RANK', 0))
+master = rank == 0
+out_dir_error = None
+if master:
+    try:
+        writable_dir(out_dir, 'out_dir')
+        lock_dir(out_dir, 'out_dir')
+        if init_from == 'scratch' and os.path.exists(ckpt_path) and not overwrite:
+            raise UserError(f"{ckpt_path} holds a trained model: continue it with --init_from=resume, train into "
+                            "another --out_dir, or replace it with --overwrite")
+        for tmp in glob.glob(os.path.join(glob.escape(out_dir), '*.tmp')):  # of a killed run's writes: ours now
+            if os.path.basename(tmp).startswith((CKPT_NAME, 'log.jsonl')):
+                os.remove(tmp)
+    except UserError as e:
+        out_dir_error = str(e)
+
+def raise_on_every_rank(error):
+    """Rank 0's error (a message, or None) raised on every rank: they all stop together, none waits for the others."""
+    if ddp:
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error:
+        raise UserError(error)
 
 # devices and DDP (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE)
 device = resolve_device(device)  # an indexed 'cuda:N' on CUDA: cuda:LOCAL_RANK under torchrun
@@ -150,9 +186,6 @@ device_type = device.split(':')[0]
 ptdtype = resolve_dtype(dtype, device)
 ctx = autocast(device, ptdtype)
 use_compile = (device_type == 'cuda') if compile == 'auto' else compile
-ddp = int(os.environ.get('RANK', -1)) != -1
-rank = int(os.environ.get('RANK', 0))
-master = rank == 0
 if device_type == 'cuda':
     torch.cuda.set_device(device)
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -161,8 +194,8 @@ if ddp:
         raise UserError("DDP (torchrun) is not supported on MPS; use --device=cpu")
     dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
     sys.excepthook = excepthook  # init_process_group wraps it, and the wrapper loses our one-line errors
+raise_on_every_rank(out_dir_error)
 if master:
-    os.makedirs(out_dir, exist_ok=True)
     print(f"global batch: {batch_size} seqs x {block_size} tokens x {grad_accum} accumulation steps x "
           f"{world_size} ranks = {total_batch_size:,} tokens/iter")
 
@@ -225,7 +258,8 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 def train_batch():
-    return get_batch(ddir, 'train', data_rng.integers(0, sizes['train'] - block_size, batch_size), block_size, device)
+    return get_batch(ddir, 'train', data_rng.integers(0, sizes['train'] - block_size, batch_size), block_size, device,
+                     gptconf.vocab_size)
 
 @torch.no_grad()
 def estimate_loss():
@@ -238,7 +272,7 @@ def estimate_loss():
             0, sizes[split] - block_size, size=(eval_iters, batch_size))
         acc = torch.zeros(2, device=device)
         for k in range(rank, eval_iters, world_size):
-            x, y = get_batch(ddir, split, ix[k], block_size, device)
+            x, y = get_batch(ddir, split, ix[k], block_size, device, gptconf.vocab_size)
             with ctx:
                 loss = model(x, y)[1]  # not the logits: they would stay alive into the next forward
             acc += torch.stack([loss.float(), torch.ones((), device=device)])
@@ -251,11 +285,29 @@ def estimate_loss():
     return out
 
 def log(record):
+    global log_changed
     if master:
-        with open(log_path, 'a') as f:
-            print(json.dumps(record), file=f)
+        log_lines.append(json.dumps(record) + '\n')
+        log_changed = True
         if wandb_log:
             wandb.log(record, step=record['iter'])
+
+def write_log(then):
+    """log.jsonl replaced whole (atomically): the log up to the checkpoint this run started from, then its records."""
+    global log_changed
+    atomic_write(log_path, lambda f: f.write(''.join(log_lines).encode()), then)
+    log_changed = False
+
+def logged_iter(line):
+    """The iteration of a log line; inf for a line cut short by a crash, or anything else that is not a record."""
+    try:
+        return int(json.loads(line)['iter']) if line.endswith('\n') else math.inf
+    except (ValueError, TypeError, KeyError):
+        return math.inf
+
+def resume_hint():
+    """How to go on after this run stops: from the checkpoint in out_dir if it is this run's (or the one it resumed)."""
+    return "continue with --init_from=resume" if last_saved is not None or init_from == 'resume' else "run again"
 
 def stopped(reason):
     """The error of a run that cannot go on, saying which checkpoint survives it."""
@@ -278,11 +330,14 @@ def on_signal(signum, frame):
         print(f"\n{signal.Signals(signum).name} received: finishing this iteration, saving a checkpoint, then "
               "exiting (Ctrl-C again to abort without saving)", file=sys.stderr, flush=True)
 
+# log.jsonl: the records of the training that led to the checkpoint. A resumed run keeps the lines up to its
+# checkpoint and adds its own. The file is replaced with every checkpoint and at the end, and not in between: a run
+# that fails or is killed leaves it as it was (its progress is on stdout); so does a run that logs nothing.
 log_path = os.path.join(out_dir, 'log.jsonl')
-if master:  # a resumed run keeps the log up to its checkpoint; a line cut short by a crash is dropped
-    lines = open(log_path).readlines() if init_from == 'resume' and os.path.exists(log_path) else []
-    with open(log_path, 'w') as f:
-        f.writelines(line for line in lines if line.endswith('\n') and json.loads(line).get('iter', 0) <= iter_num)
+log_lines, log_changed = [], False
+if master and init_from == 'resume' and os.path.exists(log_path):
+    with open(log_path) as f:
+        log_lines = [line for line in f if logged_iter(line) <= iter_num]
 if wandb_log and master:
     import wandb
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
@@ -364,13 +419,19 @@ while iter_num < max_iters and not eval_only:
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         if finite.item() < 1:
             raise UserError(stopped(f"the weights are not finite at iter {iter_num}"))
+        save_error, then = None, resume_hint()
         if master:
-            atomic_save({CKPT_MARKER: 1, 'model': raw_model.state_dict(), 'optimizer': [opt.state_dict() for opt in optimizers],
-                         'scaler': scaler.state_dict() if scaler.is_enabled() else None,
-                         'model_args': dataclasses.asdict(gptconf), 'iter_num': iter_num,
-                         'best_val_loss': best_val_loss, 'config': config, 'meta': meta, 'rng': rng_states,
-                         'tokens': tokens_seen, 'flops': flops_seen, 'world_size': world_size}, ckpt_path)
-            print(f"saved checkpoint to {ckpt_path} (iter {iter_num})")
+            try:  # a full disk, say: then the files there stay as they were, and every rank stops
+                atomic_save({CKPT_MARKER: 1, 'model': raw_model.state_dict(), 'optimizer': [opt.state_dict() for opt in optimizers],
+                             'scaler': scaler.state_dict() if scaler.is_enabled() else None,
+                             'model_args': dataclasses.asdict(gptconf), 'iter_num': iter_num,
+                             'best_val_loss': best_val_loss, 'config': config, 'meta': meta, 'rng': rng_states,
+                             'tokens': tokens_seen, 'flops': flops_seen, 'world_size': world_size}, ckpt_path, then)
+                write_log(then)
+                print(f"saved checkpoint to {ckpt_path} (iter {iter_num})")
+            except UserError as e:
+                save_error = f"training stopped at iter {iter_num}: {e}"
+        raise_on_every_rank(save_error)
         last_saved = iter_num
     if stop_now:
         if master:
@@ -378,6 +439,13 @@ while iter_num < max_iters and not eval_only:
                   "continue with --init_from=resume", flush=True)
         break
 
+log_error = None
+if master and log_changed:  # records since the last checkpoint (eval_only, always_save_checkpoint=False)
+    try:
+        write_log(resume_hint())
+    except UserError as e:
+        log_error = str(e)
+raise_on_every_rank(log_error)
 if master and not stop_now and not eval_only:
     print(f"done: {iter_num} iters in {time.time() - t_start:.1f} s, best val loss {best_val_loss:.4f}")
 if ddp:  # every rank must end with rank 0's weights, bit for bit
