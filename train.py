@@ -101,8 +101,6 @@ for key in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'seed'):
         raise UserError(f"{key}={config[key]} must be >= 0")
 if optimizer not in ('adamw', 'muon'):
     raise UserError(f"optimizer={optimizer!r}: expected 'adamw' or 'muon'")
-if router_init not in ('paper', 'identity'):
-    raise UserError(f"router_init={router_init!r}: expected 'paper' or 'identity'")
 if init_from not in ('scratch', 'resume'):
     raise UserError(f"init_from={init_from!r}: expected 'scratch' or 'resume'")
 for key in ('learning_rate', 'router_lr', 'muon_lr', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'):
