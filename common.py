@@ -308,7 +308,10 @@ def _strip_prefixes(key):
 def load_model(path, device='cpu'):
     """(model in eval mode on `device`, checkpoint) from an out_dir or a checkpoint file."""
     from model import GPT, GPTConfig
-    if os.path.isdir(path) or not (os.path.exists(path) or path.endswith('.pt')):  # an out_dir
+    if os.path.isfile(path) and not path.endswith('.pt'):
+        raise UserError(f"{path} is a file, not a run directory (nor a .pt checkpoint); point --out_dir at the "
+                        f"directory holding {CKPT_NAME}")
+    if os.path.isdir(path) or not path.endswith('.pt'):  # an out_dir
         if not os.path.exists(os.path.join(path, CKPT_NAME)):
             raise UserError(f"no checkpoint at {os.path.join(path, CKPT_NAME)}; train one first (python train.py "
                             f"--out_dir={path}) or point --out_dir at the directory holding {CKPT_NAME}")

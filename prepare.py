@@ -115,7 +115,8 @@ def read_shakespeare(path=SHAKESPEARE_PATH):
     with gzip.open(path, 'rb') as f:
         raw = f.read()
     if path == SHAKESPEARE_PATH and hashlib.sha256(raw).hexdigest() != SHAKESPEARE_SHA256:  # 5 MB: ~10 ms
-        raise UserError(f"{path} is corrupted (sha256 mismatch)")
+        raise UserError(f"{path} is corrupted (sha256 mismatch); restore it: "
+                        f"git checkout -- {os.path.relpath(path, HERE)}")
     return raw.decode('utf-8')
 
 def prepare_char(text, out_dir):
@@ -157,7 +158,8 @@ def open_local(files):
             first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
             raise UserError(f"{path} cannot be read as {ext[1:]} ({first_line}); check or replace the file") from None
         if first is not None and 'text' not in first:
-            raise UserError(f"{path}: no 'text' column (found {', '.join(first)})")
+            raise UserError(f"{path}: no 'text' column (found {', '.join(first)}); give files whose documents are "
+                            "in a 'text' column")
         sets.append(ds)
     return (doc['text'] for ds in sets for doc in ds)
 
@@ -207,7 +209,8 @@ def prepare_docs(docs, out_dir, num_tokens, num_proc, batch_size=1024):
         if pool is not None:
             pool.terminate()
     if not train or not val:
-        raise UserError(f"only {ndocs} documents: need at least 2 to have both a train and a val split")
+        raise UserError(f"only {ndocs} documents: need at least 2 to have both a train and a val split; give more "
+                        "documents (--files) or a larger --num_tokens")
     write_dataset(out_dir, np.concatenate(train), np.concatenate(val), {'vocab_size': EOT + 1, 'kind': 'bpe', 'encoding': 'gpt2'})
 
 # -----------------------------------------------------------------------------

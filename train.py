@@ -37,7 +37,7 @@ from model import GPT, GPTConfig
 # I/O
 out_dir = 'out-shakespeare-char'
 eval_interval = 500        # evaluate train/val loss (and checkpoint) every this many iterations, and at the end
-log_interval = 50          # print and append to out_dir/log.jsonl every this many iterations
+log_interval = 50          # print and log (out_dir/log.jsonl, written with every checkpoint) every this many iters
 eval_iters = 20            # batches per split and evaluation (shared out between DDP ranks)
 eval_only = False          # evaluate the initial (or resumed) model and exit
 always_save_checkpoint = True  # False: checkpoint only when val loss improves
