@@ -47,7 +47,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import CKPT_NAME, UserError, configure, data_info, load_checkpoint, load_codec, load_model, \
+from common import CKPT_NAME, UserError, configure, data_info, load_checkpoint, load_codec, load_model, read_log, \
     resolve_device
 from model import route_reference
 
@@ -165,19 +165,6 @@ def probe_accuracy(X, y, folds=5, seed=0, l2=1e-3, max_iter=100):
 
 
 # ----------------------------------------------------------------------------- runs
-
-
-def read_log(out_dir):
-    rows = []
-    path = os.path.join(out_dir, 'log.jsonl')
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
-    return rows
 
 
 def family(model_args):

@@ -49,8 +49,7 @@ import time
 import numpy as np
 import torch
 
-from prepare import dataset_dir
-from common import UserError, configure, load_codec, load_model, resolve_device
+from common import ARITHMETIC_TIERS, UserError, configure, dataset_dir, load_codec, load_model, resolve_device
 
 # config of the evaluator (python arithmetic.py --key=value); generation and prepare() take arguments
 out_dir = 'out-arithmetic'  # the run to evaluate: <out_dir>/ckpt.pt
@@ -63,7 +62,7 @@ seed = 1337
 
 MAX_LEAF = 9        # leaves are integers in [1, MAX_LEAF]
 BOUND = 999         # every intermediate value is an integer in [0, BOUND]
-TIERS = (4, 5, 6)   # number of operators per expression
+TIERS = ARITHMETIC_TIERS  # number of operators per expression: (4, 5, 6), the paper's
 N_VAL = 1000        # per tier
 N_TEST = 1000       # per tier
 
@@ -393,7 +392,7 @@ if __name__ == '__main__':
     model, ckpt = load_model(out_dir, device)
     encode, decode = load_codec(ckpt)
     cfg = ckpt['config']
-    data_dir = data_dir or dataset_dir(cfg.get('dataset') or 'arithmetic', cfg.get('data_dir') or None)
+    data_dir = data_dir or dataset_dir(cfg.get('dataset') or 'arithmetic', cfg.get('data_dir'))
     path = os.path.join(data_dir, f'{split}.txt')
     if not os.path.isfile(path):
         raise UserError(f"no {path}; run: python prepare.py arithmetic (or point --data_dir at the dataset's folder)")

@@ -13,6 +13,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+import common  # noqa: E402
 import prepare  # noqa: E402
 
 EOT = 50256
@@ -85,14 +86,14 @@ def test_char_prep_small_text(tmp_path):
     assert [meta['itos'][i] for i in range(len(chars))] == chars  # sorted char vocabulary
     assert all(meta['stoi'][c] == i for i, c in enumerate(chars))
     assert len(train) == int(0.9 * len(text)) and len(train) + len(val) == len(text)  # first 90% / last 10%
-    encode, decode = prepare.load_codec(meta)
+    encode, decode = common.codec(meta)
     assert decode(train) == text[:len(train)] and decode(val) == text[len(train):]
     assert encode(text) == list(train) + list(val)
 
 
 def test_char_codec_names_unknown_chars():
     meta = {'vocab_size': 3, 'kind': 'char', 'stoi': {'a': 0, 'b': 1, ' ': 2}, 'itos': {0: 'a', 1: 'b', 2: ' '}}
-    encode, decode = prepare.load_codec(meta)
+    encode, decode = common.codec(meta)
     assert encode('ab ba') == [0, 1, 2, 1, 0] and decode([1, 0]) == 'ba'
     with pytest.raises(ValueError) as e:
         encode('abz Q')
@@ -108,7 +109,7 @@ def test_full_corpus_char_prep_skip_and_force(tmp_path):
     meta, train, val = load(out)
     assert meta['vocab_size'] == 84 and len(train) + len(val) == 5_057_321
     assert len(train) == int(0.9 * 5_057_321)
-    _, decode = prepare.load_codec(meta)
+    _, decode = common.codec(meta)
     assert decode(train[:14]) == prepare.read_shakespeare()[:14]
     good = (out / 'val.bin').read_bytes()
     (out / 'val.bin').write_bytes(b'junk')
@@ -124,15 +125,15 @@ def test_full_corpus_char_prep_skip_and_force(tmp_path):
 
 def test_gpt2_pattern_is_tiktokens():
     from tiktoken_ext.openai_public import r50k_pat_str  # importing it needs no network
-    assert prepare.GPT2_PAT_STR == r50k_pat_str
+    assert common.GPT2_PAT_STR == r50k_pat_str
 
 
 @pytest.mark.parametrize('text,ids', KNOWN_IDS)
 def test_bpe_ids_match_gpt2(text, ids):
-    enc = prepare.get_gpt2_encoding()
+    enc = common.get_gpt2_encoding()
     assert enc.encode(text, allowed_special='all') == ids
     assert enc.decode(ids) == text
-    encode, decode = prepare.load_codec({'vocab_size': 50257, 'kind': 'bpe', 'encoding': 'gpt2'})
+    encode, decode = common.codec({'vocab_size': 50257, 'kind': 'bpe', 'encoding': 'gpt2'})
     assert encode(text) == ids and decode(ids) == text  # load_codec allows <|endoftext|>
 
 
@@ -146,7 +147,7 @@ def test_bpe_matches_tiktoken_gpt2_when_cached():
     if not all(os.path.exists(os.path.join(cache, hashlib.sha1(u.encode()).hexdigest())) for u in urls):
         pytest.skip('tiktoken gpt2 files not cached (no network here)')
     import tiktoken
-    ref, enc = tiktoken.get_encoding('gpt2'), prepare.get_gpt2_encoding()
+    ref, enc = tiktoken.get_encoding('gpt2'), common.get_gpt2_encoding()
     text = prepare.read_shakespeare()[:200_000]
     assert enc.encode_ordinary(text) == ref.encode_ordinary(text)
 
@@ -156,7 +157,7 @@ def test_bpe_shakespeare_prep(tmp_path):
     prepare.prepare_bpe(text, str(tmp_path))
     meta, train, val = load(tmp_path)
     assert meta == {'vocab_size': 50257, 'kind': 'bpe', 'encoding': 'gpt2'}
-    _, decode = prepare.load_codec(meta)
+    _, decode = common.codec(meta)
     n = int(0.9 * len(text))
     assert decode(train) == text[:n] and decode(val) == text[n:]
 
@@ -180,7 +181,7 @@ def test_fineweb_local_files(tmp_path):
     assert len(train) > 0 and len(val) > 0
     assert train[0] == EOT and val[0] == EOT  # eot before each document
     assert (train == EOT).sum() + (val == EOT).sum() == len(expect)
-    _, decode = prepare.load_codec(meta)
+    _, decode = common.codec(meta)
     assert decode(val).split('<|endoftext|>')[1:] == expect[:1]  # doc 0 (every 200th) -> val
     assert decode(train).split('<|endoftext|>')[1:] == expect[1:]  # order kept across processes
     # a token cap: the same stream, cut; single process gives the same ids
@@ -213,7 +214,7 @@ def test_unknown_dataset_one_line_error():
     r = run_prepare('tinystories')
     line = one_line_error(r)
     assert r.returncode == 1
-    assert "unknown dataset 'tinystories'" in line and all(name in line for name in prepare.DATASETS)
+    assert "unknown dataset 'tinystories'" in line and all(name in line for name in common.DATASETS)
 
 
 def test_missing_files_one_line_error(tmp_path):
@@ -235,9 +236,9 @@ def test_hub_unreachable_one_line_error(tmp_path):
 
 
 def test_dataset_dir_and_names(tmp_path):
-    assert prepare.dataset_dir('shakespeare', str(tmp_path)) == str(tmp_path / 'shakespeare')
-    assert prepare.dataset_dir('shakespeare_char') == os.path.join(ROOT, 'data', 'shakespeare_char')
-    assert set(prepare.DATASETS) == {'shakespeare_char', 'shakespeare', 'fineweb_edu', 'arithmetic'}
+    assert common.dataset_dir('shakespeare', str(tmp_path)) == str(tmp_path / 'shakespeare')
+    assert common.dataset_dir('shakespeare_char') == os.path.join(ROOT, 'data', 'shakespeare_char')
+    assert set(common.DATASETS) == {'shakespeare_char', 'shakespeare', 'fineweb_edu', 'arithmetic'}
 
 
 # prepare.py run as a script with a stand-in arithmetic module that records what it is asked to do
@@ -270,7 +271,7 @@ def test_arithmetic_dispatch(tmp_path):
                                          ('arithmetic-3-3', None), ('arithmetic-0-2', None),
                                          ('arithmetic-', None), ('arithmetic2', None), ('shakespeare', None)])
 def test_arithmetic_tiers_from_name(name, tiers):
-    assert prepare.arithmetic_tiers(name) == tiers
+    assert common.arithmetic_tiers(name) == tiers
 
 
 def test_arithmetic_tiers_prepared_and_too_many_samples(tmp_path):
