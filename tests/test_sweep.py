@@ -32,10 +32,13 @@ COLUMNS = ['depth', 'variant', 'seed', 'status', 'iters', 'tokens', 'train_flops
 
 
 def run(script, *args, env=None, **kwargs):
+    """The script's CompletedProcess, its output decoded as written (a text-mode pipe would turn '\r' into '\n')."""
     e = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1', **(env or {}))
     e.pop('NANOLIME_DEBUG', None)
-    return subprocess.run([sys.executable, script, *args], cwd=REPO, env=e, text=True, timeout=600,
-                          **(kwargs or {'capture_output': True}))
+    p = subprocess.run([sys.executable, script, *args], cwd=REPO, env=e, timeout=600,
+                       **(kwargs or {'capture_output': True}))
+    p.stdout, p.stderr = (x.decode() if x is not None else None for x in (p.stdout, p.stderr))
+    return p
 
 
 def ok(p):
