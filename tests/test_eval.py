@@ -289,13 +289,12 @@ def run(*args, env=None, **kw):
 
 @pytest.fixture(scope="module")
 def runs(task_dir, tmp_path_factory):
-    """Every eval.py subprocess of this module, started together (each spends seconds importing lm-eval)."""
-    d, _ = task_dir
+    """eval.py where the process itself is tested (without lm-eval; with no network, before lm-eval is
+    imported), both started together: each spends seconds importing; and a checkpoint for the others."""
     t = tmp_path_factory.mktemp("runs")
     ckpt_dir = t / "out"
     ckpt_dir.mkdir()
     save_ckpt(tiny_gpt(len(CHARS)), CHAR_META, str(ckpt_dir / "ckpt.pt"))
-    torch.save({"state_dict": {}}, str(t / "foreign.pt"))
     hub = t / "hub"
     hub.mkdir()
     write_task(str(hub), name="hub_mc", dataset="dataset_path: allenai/ai2_arc\ndataset_name: ARC-Easy")
@@ -304,16 +303,22 @@ def runs(task_dir, tmp_path_factory):
     (shim / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'lm_eval'\", name='lm_eval')\n")
     ok = [f"--out_dir={ckpt_dir}", "--device=cpu"]
     procs = {
-        "e2e": run(*ok, "--tasks=tiny_mc", f"--include_path={d}", "--limit=6", "--num_fewshot=1"),
         "missing": run(*ok, env={"PYTHONPATH": str(t / "shim")}),
-        "foreign": run(f"--out_dir={t / 'foreign.pt'}", "--tasks=tiny_mc", f"--include_path={d}"),
-        "unknown": run(*ok, "--tasks=tiny_mcq", f"--include_path={d}", "--include_defaults=False"),
         # no offline switch, but the hub is unreachable (a closed port here): eval.py finds out and says so
         "offline": run(*ok, "--tasks=hub_mc", f"--include_path={hub}",
                        env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_DATASETS_OFFLINE": None, "HF_HUB_OFFLINE": None}),
     }
     out = {k: (*p.communicate(timeout=300), p.returncode) for k, p in procs.items()}
     return out, ckpt_dir
+
+
+@pytest.fixture
+def eval_here(run_here, monkeypatch):
+    """eval.py run in this process (the hub switched off, as in run()): its UserError propagates."""
+    for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.setenv(v, "1")
+    monkeypatch.delenv("NANOLIME_DEBUG", raising=False)
+    return lambda *args: run_here("eval.py", *args)
 
 
 def one_error_line(result):
@@ -323,10 +328,11 @@ def one_error_line(result):
     return lines[0]
 
 
-def test_eval_py_end_to_end(runs):
-    out, ckpt_dir = runs
-    stdout, stderr, code = out["e2e"]
-    assert code == 0, stderr
+def test_eval_py_end_to_end(runs, task_dir, eval_here, capsys):
+    ckpt_dir = runs[1]
+    assert eval_here(f"--out_dir={ckpt_dir}", "--device=cpu", "--tasks=tiny_mc", f"--include_path={task_dir[0]}",
+                     "--limit=6", "--num_fewshot=1") == 0
+    stdout = capsys.readouterr().out
     assert "tiny_mc" in stdout and "acc" in stdout and "|" in stdout  # the harness's table
     with open(ckpt_dir / "eval_results.json") as f:
         res = json.load(f)
@@ -339,12 +345,17 @@ def test_error_lm_eval_missing(runs):
     assert line == "error: eval.py needs lm-eval: pip install -r requirements-eval.txt"
 
 
-def test_error_not_our_checkpoint(runs):
-    assert "not a nanoLIMe checkpoint" in one_error_line(runs[0]["foreign"])
+def test_error_not_our_checkpoint(task_dir, eval_here, tmp_path):
+    torch.save({"state_dict": {}}, str(tmp_path / "foreign.pt"))
+    with pytest.raises(common.UserError, match="not a nanoLIMe checkpoint"):
+        eval_here(f"--out_dir={tmp_path / 'foreign.pt'}", "--tasks=tiny_mc", f"--include_path={task_dir[0]}")
 
 
-def test_error_unknown_task(runs):
-    line = one_error_line(runs[0]["unknown"])
+def test_error_unknown_task(runs, task_dir, eval_here):
+    with pytest.raises(common.UserError) as e:
+        eval_here(f"--out_dir={runs[1]}", "--device=cpu", "--tasks=tiny_mcq", f"--include_path={task_dir[0]}",
+                  "--include_defaults=False")
+    line = str(e.value)
     assert "unknown task 'tiny_mcq'" in line and "did you mean tiny_mc?" in line and line.endswith("has: tiny_mc)")
 
 

@@ -3,7 +3,8 @@
 The statistics (t intervals, verdicts) and the compute multiplier's interpolation are checked as pure
 functions against numbers computed by hand. A failure a test needs is caused by patching train.py's model
 from outside (a sitecustomize module on PYTHONPATH), never by how a machine rounds or overflows. Where
-what is tested is the sweep's logic, not its process, the sweep runs in this process (runpy).
+what is tested is the sweep's logic, not its process, the sweep runs in this process (conftest's run_here;
+it then keeps a lock on its out_dir while the tests run, so each such sweep gets an out_dir of its own).
 """
 import ast
 import csv
@@ -12,7 +13,6 @@ import json
 import math
 import os
 import re
-import runpy
 import shutil
 import struct
 import subprocess
@@ -22,29 +22,13 @@ import termios
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, ok, run
 import common
 
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
         '--eval_iters=2', '--warmup_iters=1', '--log_interval=1', '--compile=False', '--dtype=float32']
 COLUMNS = ['depth', 'variant', 'seed', 'status', 'iters', 'tokens', 'train_flops', 'val_loss', 'compute_multiplier',
            'compute_multiplier_bound', 'wall_time_s', 'out_dir']
-
-
-def run(script, *args, env=None, **kwargs):
-    """The script's CompletedProcess, its output decoded as written (a text-mode pipe would turn '\r' into '\n')."""
-    e = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1', **(env or {}))
-    e.pop('NANOLIME_DEBUG', None)
-    p = subprocess.run([sys.executable, script, *args], cwd=REPO, env=e, timeout=600,
-                       **(kwargs or {'capture_output': True}))
-    p.stdout, p.stderr = (x.decode() if x is not None else None for x in (p.stdout, p.stderr))
-    return p
-
-
-def ok(p):
-    assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr}"
-    assert 'Traceback' not in (p.stderr or '')
-    return p
 
 
 def read_csv(path):
@@ -55,18 +39,6 @@ def read_csv(path):
 def read_log(run_dir):
     with open(os.path.join(run_dir, 'log.jsonl')) as f:
         return [json.loads(line) for line in f]
-
-
-def sweep_here(monkeypatch, *argv):
-    """sweep.py run in this process: its exit status (0 if it ends normally). It keeps a lock on its out_dir
-    for as long as this process lives, so each call needs an out_dir of its own."""
-    monkeypatch.setattr(sys, 'argv', ['sweep.py', *argv])
-    monkeypatch.setattr(sys, 'excepthook', sys.excepthook)
-    try:
-        runpy.run_path(os.path.join(REPO, 'sweep.py'), run_name='__main__')
-    except SystemExit as e:
-        return e.code
-    return 0
 
 
 @pytest.fixture(scope='module')
@@ -160,7 +132,7 @@ def test_same_seed_same_data_order(swept):
     assert states['lime', 0] != states['lime', 1]
 
 
-def test_one_sweep_per_out_dir_and_report_only_alongside(swept, monkeypatch, capsys):
+def test_one_sweep_per_out_dir_and_report_only_alongside(swept, run_here, capsys):
     """While another process holds the sweep's directory (an exclusive flock on <out_dir>/.lock holding its
     pid), a second sweep stops at once with one line naming both; report_only still reads."""
     root, args, _, _ = swept
@@ -175,7 +147,7 @@ def test_one_sweep_per_out_dir_and_report_only_alongside(swept, monkeypatch, cap
         assert p.stderr == f"error: {root} is in use by another sweep (pid {os.getpid()}); wait for it to end, " \
                            "or use another out_dir\n"
         os.remove(os.path.join(root, 'sweep.csv'))
-        assert sweep_here(monkeypatch, *args, '--report_only=True') == 0
+        assert run_here('sweep.py', *args, '--report_only=True') == 0
         assert 'already done' not in capsys.readouterr().out and read_csv(os.path.join(root, 'sweep.csv')) == rows
 
 
@@ -185,17 +157,17 @@ def copy_of(root, tmp_path, name):
     return str(tmp_path / name)
 
 
-def test_rerun_trains_nothing_and_changed_options_are_refused(swept, monkeypatch, capsys, tmp_path):
+def test_rerun_trains_nothing_and_changed_options_are_refused(swept, run_here, capsys, tmp_path):
     root, args, _, _ = swept
     again = copy_of(root, tmp_path, 'again')
     files = [os.path.join(d, f) for d, _, names in os.walk(again) for f in names if f in ('ckpt.pt', 'log.jsonl')]
     mtimes = {f: os.stat(f).st_mtime_ns for f in files}
-    assert sweep_here(monkeypatch, *args, f'--out_dir={again}') == 0
+    assert run_here('sweep.py', *args, f'--out_dir={again}') == 0
     assert '4 already done, 0 to evaluate, 0 to resume, 0 to start' in capsys.readouterr().out
     assert {f: os.stat(f).st_mtime_ns for f in files} == mtimes
     # another learning rate: no run is skipped as done or resumed with it
     other = copy_of(root, tmp_path, 'other')
-    assert sweep_here(monkeypatch, *args, f'--out_dir={other}', '--learning_rate=0.01') == 1
+    assert run_here('sweep.py', *args, f'--out_dir={other}', '--learning_rate=0.01') == 1
     out, err = capsys.readouterr()
     assert "0 already done, 0 to evaluate, 0 to resume, 0 to start, 4 refused" in out
     assert re.search(r"lime-L2-s1 was trained with other options \(learning_rate=0.002 there, 0.01 now\)", err)
@@ -262,7 +234,7 @@ def test_failed_run_is_reported_and_the_others_finish(resumed_and_failed):
 
 
 # ----------------------------------------------------------------------------- checks before any run
-def test_bad_input_is_refused_before_any_run(monkeypatch, data_dir, tmp_path):
+def test_bad_input_is_refused_before_any_run(run_here, data_dir, tmp_path):
     tiny = [*TINY, f'--data_dir={data_dir}', '--variants=baseline']  # one variant: one check by train.py
     for k, (args, message) in enumerate([
         (['--learnig_rate=1e-3'], "unknown config key 'learnig_rate' (--learnig_rate=1e-3); did you mean "
@@ -279,7 +251,7 @@ def test_bad_input_is_refused_before_any_run(monkeypatch, data_dir, tmp_path):
     ]):
         root = tmp_path / f'root{k}'
         with pytest.raises(common.UserError) as e:
-            sweep_here(monkeypatch, '--depths=2', f'--out_dir={root}', *tiny, *args)
+            run_here('sweep.py', '--depths=2', f'--out_dir={root}', *tiny, *args)
         assert str(e.value).startswith(message), (args, str(e.value))
         assert args != ['--jobs=0'] or 'jobs=0' in str(e.value) and 'jobs >= 1' in str(e.value)
         assert not root.exists() or os.listdir(root) == ['.lock']  # no run started
@@ -367,11 +339,11 @@ def test_arithmetic_runs_get_accuracy_per_tier(arithmetic_swept):
     assert 'vs majority baseline' in p.stdout
 
 
-def test_a_run_without_its_score_is_scored_not_trained_again(arithmetic_swept, monkeypatch, capsys, tmp_path):
+def test_a_run_without_its_score_is_scored_not_trained_again(arithmetic_swept, run_here, capsys, tmp_path):
     root, args, _ = arithmetic_swept
     again = copy_of(root, tmp_path, 'again')
     os.remove(os.path.join(again, 'baseline-L2-s0', 'arith_eval_test.json'))
-    assert sweep_here(monkeypatch, *args, f'--out_dir={again}') == 0
+    assert run_here('sweep.py', *args, f'--out_dir={again}') == 0
     assert '0 already done, 1 to evaluate, 0 to resume, 0 to start' in capsys.readouterr().out
     assert os.path.exists(os.path.join(again, 'baseline-L2-s0', 'arith_eval_test.json'))
     with open(os.path.join(again, 'baseline-L2-s0', 'train.log')) as f:
