@@ -237,6 +237,7 @@ def test_hub_unreachable_error(tmp_path, run_here, monkeypatch):
     line = error_of(run_here, 'fineweb_edu', f'--data_dir={tmp_path}')
     assert time.time() - t0 < 60
     assert 'hub' in line and '--files' in line
+    assert '(hub.invalid: ' in line  # found out by prepare.py's own look-up, before the hub client's retries
 
 
 def test_dataset_dir_and_names(tmp_path):
