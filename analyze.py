@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from common import CKPT_NAME, UserError, configure, data_info, load_checkpoint, load_codec, load_model, \
-    prepare_hint, resolve_device, writable_dir
+    prepare_hint, read_log, resolve_device, writable_dir
 from model import route_reference
 
 # config: the bare words are the out_dirs, the rest --key=value (or a config file)
@@ -166,19 +166,6 @@ def probe_accuracy(X, y, folds=5, seed=0, l2=1e-3, max_iter=100):
 
 
 # ----------------------------------------------------------------------------- runs
-
-
-def read_log(out_dir):
-    rows = []
-    path = os.path.join(out_dir, 'log.jsonl')
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
-    return rows
 
 
 def family(model_args):

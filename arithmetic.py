@@ -49,9 +49,8 @@ import time
 import numpy as np
 import torch
 
-from prepare import DEFAULT_DATA_DIR, arithmetic_tiers, dataset_dir
-from common import UserError, atomic_write, configure, load_codec, load_model, prepare_hint, resolve_device, \
-    writable_dir
+from common import ARITHMETIC_TIERS, DATA_DIR, UserError, arithmetic_tiers, atomic_write, configure, dataset_dir, load_codec, \
+    load_model, prepare_hint, resolve_device, writable_dir
 
 # config of the evaluator (python arithmetic.py --key=value); generation and prepare() take arguments
 out_dir = 'out-arithmetic'  # the run to evaluate: <out_dir>/ckpt.pt
@@ -64,7 +63,7 @@ seed = 1337
 
 MAX_LEAF = 9        # leaves are integers in [1, MAX_LEAF]
 BOUND = 999         # every intermediate value is an integer in [0, BOUND]
-TIERS = (4, 5, 6)   # number of operators per expression
+TIERS = ARITHMETIC_TIERS  # number of operators per expression: (4, 5, 6), the paper's
 N_VAL = 1000        # per tier
 N_TEST = 1000       # per tier
 
@@ -391,7 +390,7 @@ def make_hint(folder, force=False):
     """The prepare.py command that makes the arithmetic dataset in `folder` (again), when its name says which."""
     name, root = os.path.basename(os.path.normpath(folder)), os.path.dirname(os.path.normpath(folder))
     if arithmetic_tiers(name):
-        return prepare_hint(name, '' if root == DEFAULT_DATA_DIR else root, force)
+        return prepare_hint(name, '' if root == DATA_DIR else root, force)
     return (f"{folder} is not named as prepare.py names arithmetic datasets (arithmetic, arithmetic-<tiers>): point "
             "--data_dir at the folder of the arithmetic data the model was trained on (python prepare.py arithmetic "
             "writes data/arithmetic)")
@@ -416,7 +415,7 @@ if __name__ == '__main__':
                         f"{CHARS.strip()!r}; evaluate a model trained on an arithmetic dataset") from None
     run_dir = out_dir if os.path.isdir(out_dir) else os.path.dirname(out_dir) or '.'  # out_dir may name the .pt file
     writable_dir(run_dir, 'out_dir')  # now, not after the evaluation
-    data_dir = data_dir or dataset_dir(trained_on, cfg.get('data_dir') or None)
+    data_dir = data_dir or dataset_dir(trained_on, cfg.get('data_dir'))
     path = os.path.join(data_dir, f'{split}.txt')
     if not os.path.isfile(path):
         raise UserError(f"no {path}; {make_hint(data_dir)}")

@@ -1,6 +1,7 @@
 """
 What every nanoLIMe script shares: configuration (config files plus --key=value), one-line errors,
-device and dtype, atomic checkpoint writes, the one checkpoint loader, and data access.
+device and dtype, one process per directory (lock_dir), atomic checkpoint writes, the one checkpoint
+loader, and data: dataset directories, tokenizers, batches. Nothing here imports a script.
 
     from common import UserError, configure, resolve_device, ...
     out_dir = 'out'            # the script's config globals: its defaults
@@ -13,8 +14,10 @@ import builtins
 import dataclasses
 import difflib
 import fcntl
+import functools
 import json
 import pickle
+import re
 import tempfile
 from contextlib import nullcontext
 
@@ -81,12 +84,14 @@ def _exec_config_file(path, config):
             and type(v).__name__ != 'module' and not (k in config and v is config[k])}
 
 
-def configure(namespace, argv=None, nullable=(), tristate=(), positional=None):
+def configure(namespace, argv=None, nullable=(), tristate=(), positional=None, extra=None):
     """nanoGPT's configurator: the plain values of `namespace` (a script's globals(); not names starting
     with '_' or written in CAPITALS) are the defaults; config files (path.py, exec'd), then --key=value
     override them, in order, each checked against its default's type. Updates `namespace` in place and
     returns the config dict (saved in checkpoints). Installs the one-line error handler (see excepthook).
-    `positional`: the key a bare word (not a .py file) sets, e.g. prepare.py's dataset."""
+    `positional`: the key a bare word (not a .py file) sets, e.g. prepare.py's dataset. `extra`: a dict
+    that collects the keys `namespace` does not have instead of refusing them, each as the text of a
+    --key=<text> that gives its value back (sweep.py passes them on to train.py, which checks them)."""
     global _debug
     argv = sys.argv[1:] if argv is None else argv
     _debug = os.environ.get('NANOLIME_DEBUG', '') not in ('', '0') or any(
@@ -97,15 +102,19 @@ def configure(namespace, argv=None, nullable=(), tristate=(), positional=None):
     defaults.setdefault('debug', False)
     config = dict(defaults)
 
-    def set_key(key, value, where):
-        if key not in defaults:
+    def set_key(key, value, where, raw=None):
+        if key not in defaults and extra is not None:  # as typed, or the value written so that it reads back
+            bare = isinstance(value, str) and _literal(value, None) == value
+            extra[key] = raw if raw is not None else value if bare else repr(value)
+        elif key not in defaults:
             close = difflib.get_close_matches(key, list(defaults), n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise UserError(f"unknown config key '{key}' ({where}){hint}")
-        try:
-            config[key] = check_value(key, value, defaults[key], nullable, tristate)
-        except UserError as e:
-            raise UserError(f"{e} ({where})") from None
+        else:
+            try:
+                config[key] = check_value(key, value, defaults[key], nullable, tristate)
+            except UserError as e:
+                raise UserError(f"{e} ({where})") from None
 
     for arg in argv:
         if arg.startswith('--') and '=' not in arg and isinstance(defaults.get(arg[2:]), bool):
@@ -114,7 +123,7 @@ def configure(namespace, argv=None, nullable=(), tristate=(), positional=None):
             key, eq, raw = arg[2:].partition('=')
             if not eq:
                 raise UserError(f"expected --key=value, got '{arg}'")
-            set_key(key, _literal(raw, defaults.get(key)), arg)
+            set_key(key, _literal(raw, defaults.get(key)), arg, raw)
         elif positional and not arg.endswith('.py'):
             set_key(positional, arg, arg)
         elif not os.path.isfile(arg):
@@ -225,6 +234,7 @@ def lock_dir(path, what):
     """Claim directory `path` for this process's life: an exclusive flock on <path>/.lock, with our pid written in
     it for whoever finds it taken. `what` names the directory in the error, e.g. 'out_dir'. UserError naming the
     process that holds it (the lock goes with that process, however it ends: no stale locks to clean up)."""
+    os.makedirs(path, exist_ok=True)
     fd = os.open(os.path.join(path, '.lock'), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -298,6 +308,20 @@ def load_checkpoint(path, what="checkpoint"):
     return ckpt
 
 
+def read_log(out_dir):
+    """The records of out_dir/log.jsonl that train.py writes, one dict per logged iteration (a line a crash
+    cut short is skipped); [] if there is none."""
+    records = []
+    if os.path.isfile(os.path.join(out_dir, 'log.jsonl')):
+        with open(os.path.join(out_dir, 'log.jsonl')) as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    pass
+    return records
+
+
 def _strip_prefixes(key):
     for prefix in ('_orig_mod.', 'module.'):
         while key.startswith(prefix):
@@ -330,32 +354,84 @@ def load_model(path, device='cpu'):
 def load_codec(ckpt):
     """(encode, decode) of the checkpoint's tokenizer: the vocabulary kept in the checkpoint, or for
     older checkpoints the dataset's meta.pkl."""
-    import prepare
     meta = ckpt.get('meta')
     if meta is None:
         dataset, data_dir = ckpt['config'].get('dataset', ''), ckpt['config'].get('data_dir', '')
-        ddir = prepare.dataset_dir(dataset, data_dir or None)
+        ddir = dataset_dir(dataset, data_dir)
         if not os.path.isfile(os.path.join(ddir, 'meta.pkl')):
             raise UserError(f"the checkpoint has no vocabulary and {os.path.join(ddir, 'meta.pkl')} is missing; "
                             + prepare_hint(dataset, data_dir))
         meta = read_meta(ddir, dataset, data_dir)
     try:
-        return prepare.load_codec(meta)
+        return codec(meta)
     except ValueError as e:
         raise UserError(f"the checkpoint's vocabulary: {e}; use the version of prepare.py it was made with") from None
 
 
 # ----------------------------------------------------------------------------- data
+# a dataset is <data_dir>/<name>/{train,val}.bin (uint16 token ids) + meta.pkl, written by prepare.py
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
+DATASETS = ('shakespeare_char', 'shakespeare', 'fineweb_edu', 'arithmetic')
+ARITHMETIC_TIERS = (4, 5, 6)  # the paper's: operators per expression
+GPT2_PATH = os.path.join(DATA_DIR, 'gpt2.tiktoken')
+GPT2_SHA256 = '306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930'  # the hash tiktoken expects for r50k_base
+# copied verbatim from tiktoken_ext/openai_public.py (r50k_pat_str, used by "gpt2"); equivalent to GPT-2's original regex
+GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+EOT = 50256  # <|endoftext|>
+
+
+def dataset_dir(name, data_dir=None):
+    return os.path.join(data_dir or DATA_DIR, name)
+
+
+def arithmetic_tiers(name):
+    """The tiers (operators per expression) an arithmetic dataset name asks for, else None:
+    'arithmetic' -> the paper's (4, 5, 6); 'arithmetic-2-3' -> (2, 3)."""
+    if name == 'arithmetic':
+        return ARITHMETIC_TIERS
+    m = re.fullmatch(r'arithmetic((?:-\d+)+)', name)
+    tiers = tuple(int(t) for t in m.group(1)[1:].split('-')) if m else ()
+    return tiers if tiers and all(t >= 1 for t in tiers) and len(set(tiers)) == len(tiers) else None
+
+
+@functools.lru_cache(maxsize=None)
+def get_gpt2_encoding():
+    """GPT-2 BPE built offline from data/gpt2.tiktoken; ids identical to tiktoken.get_encoding('gpt2')."""
+    import tiktoken
+    import tiktoken.load
+    ranks = tiktoken.load.load_tiktoken_bpe(GPT2_PATH, expected_hash=GPT2_SHA256)  # raises on a corrupted file
+    return tiktoken.Encoding(name='gpt2', pat_str=GPT2_PAT_STR, mergeable_ranks=ranks,
+                             special_tokens={'<|endoftext|>': EOT})
+
+
+def codec(meta):
+    """meta (the dict in meta.pkl) -> (encode, decode); encode(str) -> list[int], decode(list[int]) -> str."""
+    if meta.get('kind') == 'bpe':
+        if meta.get('encoding', 'gpt2') != 'gpt2':
+            raise ValueError(f"unsupported BPE encoding {meta['encoding']!r} (only 'gpt2')")
+        enc = get_gpt2_encoding()
+        return lambda s: enc.encode(s, allowed_special={'<|endoftext|>'}), lambda ids: enc.decode(list(ids))
+    if 'stoi' in meta and 'itos' in meta:  # 'char' (and any other char-level vocab, e.g. arithmetic)
+        stoi, itos = meta['stoi'], meta['itos']
+
+        def encode(s):
+            bad = sorted(set(c for c in s if c not in stoi))
+            if bad:
+                raise ValueError(f"characters not in the vocabulary: {''.join(bad)!r} (vocab has {len(stoi)} chars)")
+            return [stoi[c] for c in s]
+        return encode, lambda ids: ''.join(itos[int(i)] for i in ids)
+    raise ValueError(f"meta.pkl of unknown kind {meta.get('kind')!r}")
+
+
 def prepare_hint(dataset, data_dir='', force=False):
     """What makes (force: makes again) dataset `dataset` under data_dir: the prepare.py command, or, for a dataset
     prepare.py does not know, where its files go."""
-    import prepare
-    ddir = prepare.dataset_dir(dataset, data_dir or None)
-    if dataset not in prepare.DATASETS and not prepare.arithmetic_tiers(dataset):
+    ddir = dataset_dir(dataset, data_dir)
+    if dataset not in DATASETS and not arithmetic_tiers(dataset):
         return (f"prepare.py does not make '{dataset}': put train.bin, val.bin and meta.pkl in {ddir} "
                 "(the format prepare.py writes), or choose another dataset")
     cmd = f"python prepare.py {dataset}{' --force' if force else ''}{f' --data_dir={data_dir}' if data_dir else ''}"
-    if force and prepare.arithmetic_tiers(dataset):  # the same examples again: the size and seed it was made with
+    if force and arithmetic_tiers(dataset):  # the same examples again: the size and seed it was made with
         try:
             with open(os.path.join(ddir, 'info.json')) as f:
                 info = json.load(f)
@@ -383,14 +459,13 @@ def read_meta(ddir, dataset, data_dir=''):
 
 def data_info(dataset, data_dir=''):
     """(directory, meta, {split: tokens}) of a prepared dataset; UserError with the command to prepare it."""
-    import prepare
     if not dataset:
-        raise UserError(f"dataset is empty: name one ({', '.join(prepare.DATASETS)})")
-    ddir = prepare.dataset_dir(dataset, data_dir or None)
-    if dataset not in prepare.DATASETS and not prepare.arithmetic_tiers(dataset) and not os.path.isdir(ddir):
-        close = difflib.get_close_matches(dataset, prepare.DATASETS, n=1)
+        raise UserError(f"dataset is empty: name one ({', '.join(DATASETS)})")
+    ddir = dataset_dir(dataset, data_dir)
+    if dataset not in DATASETS and not arithmetic_tiers(dataset) and not os.path.isdir(ddir):
+        close = difflib.get_close_matches(dataset, DATASETS, n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
-        raise UserError(f"unknown dataset '{dataset}'; {hint}known: {', '.join(prepare.DATASETS)}")
+        raise UserError(f"unknown dataset '{dataset}'; {hint}known: {', '.join(DATASETS)}")
     missing = [f for f in ('train.bin', 'val.bin', 'meta.pkl') if not os.path.isfile(os.path.join(ddir, f))]
     if missing:
         raise UserError(f"dataset '{dataset}' is not prepared ({os.path.join(ddir, missing[0])} is missing); "
@@ -413,8 +488,7 @@ def get_batch(ddir, split, ix, block_size, device, vocab_size=None):
     buf = data[np.asarray(ix)[:, None] + np.arange(block_size + 1)]
     if vocab_size is not None and buf.max() >= vocab_size:  # a batch's worth of ids: cheap; the model would crash
         dataset, root = os.path.basename(ddir), os.path.dirname(ddir)
-        import prepare
-        hint = prepare_hint(dataset, '' if root == prepare.DEFAULT_DATA_DIR else root, force=True)
+        hint = prepare_hint(dataset, '' if root == DATA_DIR else root, force=True)
         raise UserError(f"{os.path.join(ddir, split + '.bin')} is corrupt: token id {buf.max()} is beyond the "
                         f"vocabulary of its meta.pkl ({vocab_size} ids); {hint}")
     buf = torch.from_numpy(buf.astype(np.int64))

@@ -19,14 +19,13 @@ Both data files ship in data/ so that this works offline. Provenance:
   tiktoken's r50k_base/gpt2 ranks, from the MIT-licensed openai-whisper assets.
 """
 import os
-import re
 import gzip
 import pickle
 import hashlib
-import functools
 import numpy as np
 
-from common import UserError, configure, writable_dir
+from common import UserError, configure, writable_dir, DATA_DIR, DATASETS, EOT, arithmetic_tiers, dataset_dir, \
+    get_gpt2_encoding
 
 # config: the dataset is the bare word (python prepare.py shakespeare), the rest --key=value
 dataset = 'shakespeare_char'  # one of DATASETS, or arithmetic-<tier>-<tier>... (operators per expression)
@@ -39,60 +38,9 @@ num_proc = max(1, (os.cpu_count() or 2) // 2)  # fineweb_edu: tokenizer processe
 samples = None                # arithmetic: training examples per tier (None: arithmetic.py's default)
 seed = 1337                   # arithmetic: RNG seed
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_DATA_DIR = os.path.join(HERE, 'data')
-DATASETS = ('shakespeare_char', 'shakespeare', 'fineweb_edu', 'arithmetic')
-SHAKESPEARE_PATH = os.path.join(DEFAULT_DATA_DIR, 'shakespeare.txt.gz')
+SHAKESPEARE_PATH = os.path.join(DATA_DIR, 'shakespeare.txt.gz')
 SHAKESPEARE_SHA256 = '04decea0dd965df5e6cfc4a538b0c62623aaa3bfd848ac7fad6734e59c96624d'  # of the uncompressed text
-GPT2_PATH = os.path.join(DEFAULT_DATA_DIR, 'gpt2.tiktoken')
-GPT2_SHA256 = '306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930'  # the hash tiktoken expects for r50k_base
-# copied verbatim from tiktoken_ext/openai_public.py (r50k_pat_str, used by "gpt2"); equivalent to GPT-2's original regex
-GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
-EOT = 50256  # <|endoftext|>
 VAL_EVERY = 200  # fineweb_edu: every 200th document (0, 200, ...) goes to val, ~0.5%, deterministic for streams
-
-def dataset_dir(name, data_dir=None):
-    return os.path.join(data_dir or DEFAULT_DATA_DIR, name)
-
-def arithmetic_tiers(name):
-    """The tiers (operators per expression) an arithmetic dataset name asks for, else None:
-    'arithmetic' -> the paper's (4, 5, 6); 'arithmetic-2-3' -> (2, 3)."""
-    import arithmetic
-    if name == 'arithmetic':
-        return arithmetic.TIERS
-    m = re.fullmatch(r'arithmetic((?:-\d+)+)', name)
-    tiers = tuple(int(t) for t in m.group(1)[1:].split('-')) if m else ()
-    return tiers if tiers and all(t >= 1 for t in tiers) and len(set(tiers)) == len(tiers) else None
-
-# -----------------------------------------------------------------------------
-# codecs, reusable by sample.py / analyze.py
-
-@functools.lru_cache(maxsize=None)
-def get_gpt2_encoding():
-    """GPT-2 BPE built offline from data/gpt2.tiktoken; ids identical to tiktoken.get_encoding('gpt2')."""
-    import tiktoken
-    import tiktoken.load
-    ranks = tiktoken.load.load_tiktoken_bpe(GPT2_PATH, expected_hash=GPT2_SHA256)  # raises on a corrupted file
-    return tiktoken.Encoding(name='gpt2', pat_str=GPT2_PAT_STR, mergeable_ranks=ranks,
-                             special_tokens={'<|endoftext|>': EOT})
-
-def load_codec(meta):
-    """meta (the dict in meta.pkl) -> (encode, decode); encode(str) -> list[int], decode(list[int]) -> str."""
-    if meta.get('kind') == 'bpe':
-        if meta.get('encoding', 'gpt2') != 'gpt2':
-            raise ValueError(f"unsupported BPE encoding {meta['encoding']!r} (only 'gpt2')")
-        enc = get_gpt2_encoding()
-        encode = lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})
-        return encode, lambda ids: enc.decode(list(ids))
-    if 'stoi' in meta and 'itos' in meta:  # 'char' (and any other char-level vocab, e.g. arithmetic)
-        stoi, itos = meta['stoi'], meta['itos']
-        def encode(s):
-            bad = sorted(set(c for c in s if c not in stoi))
-            if bad:
-                raise ValueError(f"characters not in the vocabulary: {''.join(bad)!r} (vocab has {len(stoi)} chars)")
-            return [stoi[c] for c in s]
-        return encode, lambda ids: ''.join(itos[int(i)] for i in ids)
-    raise ValueError(f"meta.pkl of unknown kind {meta.get('kind')!r}")
 
 # -----------------------------------------------------------------------------
 # writers
@@ -116,7 +64,7 @@ def read_shakespeare(path=SHAKESPEARE_PATH):
         raw = f.read()
     if path == SHAKESPEARE_PATH and hashlib.sha256(raw).hexdigest() != SHAKESPEARE_SHA256:  # 5 MB: ~10 ms
         raise UserError(f"{path} is corrupted (sha256 mismatch); restore it: "
-                        f"git checkout -- {os.path.relpath(path, HERE)}")
+                        f"git checkout -- {os.path.relpath(path, os.path.dirname(DATA_DIR))}")
     return raw.decode('utf-8')
 
 def prepare_char(text, out_dir):

@@ -182,6 +182,9 @@ def raise_on_every_rank(error):
 device = resolve_device(device)  # an indexed 'cuda:N' on CUDA: cuda:LOCAL_RANK under torchrun
 device_type = device.split(':')[0]
 ptdtype = resolve_dtype(dtype, device)
+if os.environ.get('NANOLIME_CHECK_ONLY') == '1':  # sweep.py checks every run's options before it starts any
+    print(json.dumps(config))
+    sys.exit(0)
 ctx = autocast(device, ptdtype)
 use_compile = (device_type == 'cuda') if compile == 'auto' else compile
 if device_type == 'cuda':

@@ -5,7 +5,6 @@ import json
 import math
 import os
 import pickle
-import subprocess
 import sys
 
 import numpy as np
@@ -15,6 +14,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import analyze  # noqa: E402
+import common  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 
@@ -130,11 +130,14 @@ def test_probe_accuracy():
 WORDS = ['is', 'are', 'was', 'were']
 
 
-def run_analyze(*args):
-    r = subprocess.run([sys.executable, os.path.join(ROOT, 'analyze.py'), *args], cwd='/',
-                       capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS='1'))
-    assert r.returncode == 0, r.stderr
-    return r
+@pytest.fixture
+def analyze_here(run_here, capsys):
+    """analyze.py run in this process (as `python analyze.py <args>` from another directory): its stdout."""
+    def run(*args):
+        capsys.readouterr()
+        assert run_here('analyze.py', *args) == 0
+        return capsys.readouterr().out
+    return run
 
 
 def make_dataset(root, name='tiny_char', n_sent=1500):
@@ -218,7 +221,7 @@ def test_routed_values_are_what_attention_reads(router):
     assert not torch.allclose(reps['routed_values'][3], reps['values'][3])
 
 
-def test_analyze_end_to_end(tmp_path):
+def test_analyze_end_to_end(tmp_path, analyze_here):
     meta = make_dataset(tmp_path / 'data')
     base = dict(block_size=64, vocab_size=meta['vocab_size'], n_layer=3, n_head=4, n_kv_head=2, n_embd=32)
     save_run(tmp_path / 'out-lime', dict(base, lime=True), 'tiny_char', compiled_prefix=True, meta=meta)
@@ -226,8 +229,8 @@ def test_analyze_end_to_end(tmp_path):
     save_run(tmp_path / 'out-base6', dict(base, lime=False, n_layer=4), 'tiny_char', compiled_prefix=False)
     save_dir = tmp_path / 'analysis'
     dirs = [str(tmp_path / d) for d in ('out-lime', 'out-base', 'out-base6')]
-    r = run_analyze(*dirs, f'--data_dir={tmp_path / "data"}', '--num_tokens=256', '--max_per_word=25',
-                '--probe_context=24', '--probe_iters=30', f'--save_dir={save_dir}')
+    stdout = analyze_here(*dirs, f'--data_dir={tmp_path / "data"}', '--num_tokens=256', '--max_per_word=25',
+                          '--probe_context=24', '--probe_iters=30', f'--save_dir={save_dir}')
     assert len(json.load(open(save_dir / 'summary.json'))['results']) == 3
     lime = json.load(open(save_dir / 'out-lime_analysis.json'))
     M = np.array(lime['router_map'])
@@ -251,7 +254,7 @@ def test_analyze_end_to_end(tmp_path):
                 'out-lime_router_map.png')  # matplotlib is optional: without it, CSV/JSON only
     have_plt = importlib.util.find_spec('matplotlib') is not None
     assert all((save_dir / f).exists() == have_plt for f in pictures)
-    assert ('CSV/JSON only' in r.stdout) != have_plt
+    assert ('CSV/JSON only' in stdout) != have_plt
     assert not (save_dir / 'out-base_router_map.csv').exists()
     sweep = (save_dir / 'depth_sweep.csv').read_text().splitlines()
     assert sweep[0] == 'run,family,n_layer,final_val_loss,flops'
@@ -259,8 +262,8 @@ def test_analyze_end_to_end(tmp_path):
     curves = (save_dir / 'curves.csv').read_text().splitlines()
     assert len(curves) == 1 + 3 * 5
     # without --save_dir, per-run files land in each out_dir
-    run_analyze(dirs[0], f'--data_dir={tmp_path / "data"}', '--num_tokens=128', '--max_per_word=12',
-                '--probe_context=16', '--probe_iters=20')
+    analyze_here(dirs[0], f'--data_dir={tmp_path / "data"}', '--num_tokens=128', '--max_per_word=12',
+                 '--probe_context=16', '--probe_iters=20')
     assert (tmp_path / 'out-lime' / 'analysis.json').exists()
     assert (tmp_path / 'out-lime' / 'router_map.csv').exists()
 
@@ -281,24 +284,22 @@ def test_recorder_and_router_map_on_variants(kw):
     assert ('routed_values' in reps) == (cfg['lime'] and cfg['router'] != 'dynamic')
 
 
-def test_analyze_without_data_without_model_and_errors(tmp_path):
+def test_analyze_without_data_without_model_and_errors(tmp_path, analyze_here, run_here):
     meta = make_dataset(tmp_path / 'data')
     args = dict(block_size=64, vocab_size=meta['vocab_size'], n_layer=3, n_head=4, n_kv_head=2, n_embd=32, lime=True)
     save_run(tmp_path / 'out-nodata', args, 'not_prepared', compiled_prefix=False, meta=meta)
     (tmp_path / 'out-logonly').mkdir()  # a run without a checkpoint (yet): its curves only
     (tmp_path / 'out-logonly' / 'log.jsonl').write_text(json.dumps({'iter': 0, 'tokens': 10, 'loss': 3.0}) + '\n')
     dirs = [str(tmp_path / 'out-nodata'), str(tmp_path / 'out-logonly')]
-    r = run_analyze(*dirs, f'--data_dir={tmp_path / "data"}')
-    assert 'out-logonly: no ckpt.pt, curves only' in r.stdout and 'router map only' in r.stdout
+    stdout = analyze_here(*dirs, f'--data_dir={tmp_path / "data"}')
+    assert 'out-logonly: no ckpt.pt, curves only' in stdout and 'router map only' in stdout
     res = json.load(open(tmp_path / 'out-nodata' / 'analysis.json'))
     assert "unknown dataset 'not_prepared'" in res['skipped'] and len(res['router_map']) == 3
     assert not (tmp_path / 'out-logonly' / 'analysis.json').exists()
     # --no_model: curves and the depth sweep only, n_layer read from the checkpoint
-    r = run_analyze(*dirs, '--no_model=True', f'--save_dir={tmp_path / "sweep"}')
-    assert 'router map only' not in r.stdout and not (tmp_path / 'sweep' / 'out-nodata_analysis.json').exists()
+    stdout = analyze_here(*dirs, '--no_model=True', f'--save_dir={tmp_path / "sweep"}')
+    assert 'router map only' not in stdout and not (tmp_path / 'sweep' / 'out-nodata_analysis.json').exists()
     sweep = (tmp_path / 'sweep' / 'depth_sweep.csv').read_text().splitlines()
     assert sweep[1].startswith('out-nodata,LIMe,3,') and sweep[2].startswith('out-logonly,unknown,,')
-    r = subprocess.run([sys.executable, os.path.join(ROOT, 'analyze.py'), '--num_tokens=8'], cwd='/',
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 1 and r.stderr.startswith('error: name the runs to analyze') and r.stdout == ''
-    assert len(r.stderr.splitlines()) == 1
+    with pytest.raises(common.UserError, match='^name the runs to analyze'):  # one line for the user
+        run_here('analyze.py', '--num_tokens=8')

@@ -20,7 +20,7 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
 
 import eval as ev  # noqa: E402  (imported, eval.py only defines its adapter)
-import prepare  # noqa: E402
+import common  # noqa: E402
 from common import atomic_save  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHARS = sorted(set("\n !?:.,abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"))
 CHAR_META = {"vocab_size": len(CHARS), "kind": "char", "stoi": {c: i for i, c in enumerate(CHARS)},
              "itos": {i: c for i, c in enumerate(CHARS)}}  # what prepare.py writes for a char dataset
-BPE_META = {"vocab_size": prepare.EOT + 1, "kind": "bpe", "encoding": "gpt2"}
+BPE_META = {"vocab_size": common.EOT + 1, "kind": "bpe", "encoding": "gpt2"}
 L = 24  # block_size of the tiny models
 
 
@@ -40,7 +40,7 @@ def tiny_gpt(vocab, seed=0, **kw):
 
 
 def adapter(model, meta, batch_size=4):
-    encode, decode = prepare.load_codec(meta)
+    encode, decode = common.codec(meta)
     return ev.NanoLIMeLM(model, encode, decode, "cpu", torch.float32, batch_size=batch_size)
 
 
@@ -82,7 +82,7 @@ def naive_ll(model, ctx, cont):
 def test_loglikelihood_equals_direct_logprobs_char():
     model = tiny_gpt(len(CHARS))
     lm = adapter(model, CHAR_META, batch_size=3)
-    enc = prepare.load_codec(CHAR_META)[0]
+    enc = common.codec(CHAR_META)[0]
     long_ctx = "the quick brown fox jumps over the lazy dog." * 2  # > block_size: truncated on the left
     pairs = [("Question: is it?\nAnswer:", " yes"), ("ab", "c"), ("Hi", " there!"), (long_ctx, " again"),
              ("x", "y" * 5), ("", "hello")]
@@ -102,13 +102,13 @@ def test_loglikelihood_equals_direct_logprobs_char():
 
 
 def test_loglikelihood_bpe_boundary_merge_like_the_hf_adapter():
-    model = tiny_gpt(prepare.EOT + 1, n_embd=8)
+    model = tiny_gpt(common.EOT + 1, n_embd=8)
     lm = adapter(model, BPE_META)
-    enc = prepare.load_codec(BPE_META)[0]
+    enc = common.codec(BPE_META)[0]
 
     class Ref(TemplateLM):  # the harness's own context/continuation split (what `--model hf` uses)
         backend = "causal"
-        eot_token_id = prepare.EOT
+        eot_token_id = common.EOT
         def tok_encode(self, s, **kw): return enc(s)
         def _loglikelihood_tokens(self, *a, **kw): pass
         def loglikelihood_rolling(self, *a, **kw): pass
@@ -122,14 +122,14 @@ def test_loglikelihood_bpe_boundary_merge_like_the_hf_adapter():
     for (ctx, cont), (ll, _) in zip(pairs, out):
         c, k = ref._encode_pair(ctx, cont)
         assert ll == pytest.approx(naive_ll(model, c, k), abs=1e-4), (ctx, cont)
-    assert out[3][0] == pytest.approx(naive_ll(model, [prepare.EOT], enc("Hello")), abs=1e-4)
+    assert out[3][0] == pytest.approx(naive_ll(model, [common.EOT], enc("Hello")), abs=1e-4)
 
 
 @torch.no_grad()
 def test_is_greedy():
     model = tiny_gpt(len(CHARS), seed=3)
     lm = adapter(model, CHAR_META)
-    enc, dec = prepare.load_codec(CHAR_META)
+    enc, dec = common.codec(CHAR_META)
     ids = enc("Once upon a")
     for _ in range(4):  # the model's own greedy continuation
         ids.append(model(torch.tensor([ids]))[0][0, -1].argmax().item())
@@ -144,7 +144,7 @@ def test_is_greedy():
 def test_loglikelihood_rolling():
     model = tiny_gpt(len(CHARS), seed=1)
     lm = adapter(model, CHAR_META, batch_size=2)
-    enc = prepare.load_codec(CHAR_META)[0]
+    enc = common.codec(CHAR_META)[0]
     short, long = "To be, or not to be.", "All the world is a stage, and all the men and women merely players."
     nl = enc("\n")[0]
     got = lm.loglikelihood_rolling(reqs("loglikelihood_rolling", [(short,), (long,)]))
@@ -165,7 +165,7 @@ def test_loglikelihood_rolling():
 def test_generate_until_is_greedy_and_stops():
     model = tiny_gpt(len(CHARS), seed=2, block_size=64)
     lm = adapter(model, CHAR_META)
-    enc, dec = prepare.load_codec(CHAR_META)
+    enc, dec = common.codec(CHAR_META)
     n = 40  # tokens to generate: the context keeps its last block_size - n tokens, as the harness does
     prompts = ["Hello there", "Goodbye now", "abc", "To be or not to be, that is"]  # two of one length: a batch
     refs = []
@@ -249,7 +249,7 @@ def test_simple_evaluate_local_task(task_dir, tmp_path):
     model = tiny_gpt(len(CHARS), seed=4)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     text = "".join(f"Say {w}. You said {w}\n" for w in WORDS)
-    data = torch.tensor(prepare.load_codec(CHAR_META)[0](text))
+    data = torch.tensor(common.codec(CHAR_META)[0](text))
     with torch.enable_grad():  # a few steps: a tiny *trained* checkpoint
         model.train()
         for _ in range(30):
@@ -262,7 +262,7 @@ def test_simple_evaluate_local_task(task_dir, tmp_path):
     lm = adapter(model, CHAR_META)
     res = lm_eval.simple_evaluate(model=lm, tasks=["tiny_mc"], task_manager=tm, num_fewshot=0)
     acc = res["results"]["tiny_mc"]["acc,none"]
-    enc = prepare.load_codec(CHAR_META)[0]
+    enc = common.codec(CHAR_META)[0]
     expect = sum(max(range(3), key=lambda j: naive_ll(model, enc(r["question"]), enc(" " + r["choices"][j])))
                  == r["answer"] for r in rows) / len(rows)
     assert acc == pytest.approx(expect)  # the harness's accuracy is the model's, computed directly
@@ -289,13 +289,12 @@ def run(*args, env=None, **kw):
 
 @pytest.fixture(scope="module")
 def runs(task_dir, tmp_path_factory):
-    """Every eval.py subprocess of this module, started together (each spends seconds importing lm-eval)."""
-    d, _ = task_dir
+    """eval.py where the process itself is tested (without lm-eval; with no network, before lm-eval is
+    imported), both started together: each spends seconds importing; and a checkpoint for the others."""
     t = tmp_path_factory.mktemp("runs")
     ckpt_dir = t / "out"
     ckpt_dir.mkdir()
     save_ckpt(tiny_gpt(len(CHARS)), CHAR_META, str(ckpt_dir / "ckpt.pt"))
-    torch.save({"state_dict": {}}, str(t / "foreign.pt"))
     hub = t / "hub"
     hub.mkdir()
     write_task(str(hub), name="hub_mc", dataset="dataset_path: allenai/ai2_arc\ndataset_name: ARC-Easy")
@@ -304,16 +303,22 @@ def runs(task_dir, tmp_path_factory):
     (shim / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'lm_eval'\", name='lm_eval')\n")
     ok = [f"--out_dir={ckpt_dir}", "--device=cpu"]
     procs = {
-        "e2e": run(*ok, "--tasks=tiny_mc", f"--include_path={d}", "--limit=6", "--num_fewshot=1"),
         "missing": run(*ok, env={"PYTHONPATH": str(t / "shim")}),
-        "foreign": run(f"--out_dir={t / 'foreign.pt'}", "--tasks=tiny_mc", f"--include_path={d}"),
-        "unknown": run(*ok, "--tasks=tiny_mcq", f"--include_path={d}", "--include_defaults=False"),
         # no offline switch, but the hub is unreachable (a closed port here): eval.py finds out and says so
         "offline": run(*ok, "--tasks=hub_mc", f"--include_path={hub}",
                        env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_DATASETS_OFFLINE": None, "HF_HUB_OFFLINE": None}),
     }
     out = {k: (*p.communicate(timeout=300), p.returncode) for k, p in procs.items()}
     return out, ckpt_dir
+
+
+@pytest.fixture
+def eval_here(run_here, monkeypatch):
+    """eval.py run in this process (the hub switched off, as in run()): its UserError propagates."""
+    for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.setenv(v, "1")
+    monkeypatch.delenv("NANOLIME_DEBUG", raising=False)
+    return lambda *args: run_here("eval.py", *args)
 
 
 def one_error_line(result):
@@ -323,10 +328,11 @@ def one_error_line(result):
     return lines[0]
 
 
-def test_eval_py_end_to_end(runs):
-    out, ckpt_dir = runs
-    stdout, stderr, code = out["e2e"]
-    assert code == 0, stderr
+def test_eval_py_end_to_end(runs, task_dir, eval_here, capsys):
+    ckpt_dir = runs[1]
+    assert eval_here(f"--out_dir={ckpt_dir}", "--device=cpu", "--tasks=tiny_mc", f"--include_path={task_dir[0]}",
+                     "--limit=6", "--num_fewshot=1") == 0
+    stdout = capsys.readouterr().out
     assert "tiny_mc" in stdout and "acc" in stdout and "|" in stdout  # the harness's table
     with open(ckpt_dir / "eval_results.json") as f:
         res = json.load(f)
@@ -339,12 +345,17 @@ def test_error_lm_eval_missing(runs):
     assert line == "error: eval.py needs lm-eval: pip install -r requirements-eval.txt"
 
 
-def test_error_not_our_checkpoint(runs):
-    assert "not a nanoLIMe checkpoint" in one_error_line(runs[0]["foreign"])
+def test_error_not_our_checkpoint(task_dir, eval_here, tmp_path):
+    torch.save({"state_dict": {}}, str(tmp_path / "foreign.pt"))
+    with pytest.raises(common.UserError, match="not a nanoLIMe checkpoint"):
+        eval_here(f"--out_dir={tmp_path / 'foreign.pt'}", "--tasks=tiny_mc", f"--include_path={task_dir[0]}")
 
 
-def test_error_unknown_task(runs):
-    line = one_error_line(runs[0]["unknown"])
+def test_error_unknown_task(runs, task_dir, eval_here):
+    with pytest.raises(common.UserError) as e:
+        eval_here(f"--out_dir={runs[1]}", "--device=cpu", "--tasks=tiny_mcq", f"--include_path={task_dir[0]}",
+                  "--include_defaults=False")
+    line = str(e.value)
     assert "unknown task 'tiny_mcq'" in line and "did you mean tiny_mc?" in line and line.endswith("has: tiny_mc)")
 
 

@@ -4,15 +4,19 @@ import hashlib
 import json
 import os
 import pickle
+import random
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+import arithmetic  # noqa: E402
+import common  # noqa: E402
 import prepare  # noqa: E402
 
 EOT = 50256
@@ -85,38 +89,36 @@ def test_char_prep_small_text(tmp_path):
     assert [meta['itos'][i] for i in range(len(chars))] == chars  # sorted char vocabulary
     assert all(meta['stoi'][c] == i for i, c in enumerate(chars))
     assert len(train) == int(0.9 * len(text)) and len(train) + len(val) == len(text)  # first 90% / last 10%
-    encode, decode = prepare.load_codec(meta)
+    encode, decode = common.codec(meta)
     assert decode(train) == text[:len(train)] and decode(val) == text[len(train):]
     assert encode(text) == list(train) + list(val)
 
 
 def test_char_codec_names_unknown_chars():
     meta = {'vocab_size': 3, 'kind': 'char', 'stoi': {'a': 0, 'b': 1, ' ': 2}, 'itos': {0: 'a', 1: 'b', 2: ' '}}
-    encode, decode = prepare.load_codec(meta)
+    encode, decode = common.codec(meta)
     assert encode('ab ba') == [0, 1, 2, 1, 0] and decode([1, 0]) == 'ba'
     with pytest.raises(ValueError) as e:
         encode('abz Q')
     assert 'z' in str(e.value) and 'Q' in str(e.value)
 
 
-def test_full_corpus_char_prep_skip_and_force(tmp_path):
+def test_full_corpus_char_prep_skip_and_force(tmp_path, run_here, capsys):
     t0 = time.time()
-    r = run_prepare(f'--data_dir={tmp_path}')  # default dataset: shakespeare_char
-    assert r.returncode == 0, r.stderr
+    assert run_here('prepare.py', f'--data_dir={tmp_path}') == 0  # default dataset: shakespeare_char
     assert time.time() - t0 < 30  # seconds, not minutes (generous: shared CPU)
     out = tmp_path / 'shakespeare_char'
     meta, train, val = load(out)
     assert meta['vocab_size'] == 84 and len(train) + len(val) == 5_057_321
     assert len(train) == int(0.9 * 5_057_321)
-    _, decode = prepare.load_codec(meta)
+    _, decode = common.codec(meta)
     assert decode(train[:14]) == prepare.read_shakespeare()[:14]
     good = (out / 'val.bin').read_bytes()
     (out / 'val.bin').write_bytes(b'junk')
-    r = run_prepare('shakespeare_char', f'--data_dir={tmp_path}')  # outputs exist: skipped
-    assert (out / 'val.bin').read_bytes() == b'junk'
-    assert r.returncode == 0 and 'skipping' in r.stdout
-    r = run_prepare('shakespeare_char', f'--data_dir={tmp_path}', '--force=True')  # redone
-    assert r.returncode == 0, r.stderr
+    capsys.readouterr()
+    assert run_here('prepare.py', 'shakespeare_char', f'--data_dir={tmp_path}') == 0  # outputs exist: skipped
+    assert (out / 'val.bin').read_bytes() == b'junk' and 'skipping' in capsys.readouterr().out
+    assert run_here('prepare.py', 'shakespeare_char', f'--data_dir={tmp_path}', '--force=True') == 0  # redone
     assert (out / 'val.bin').read_bytes() == good
 
 
@@ -124,15 +126,15 @@ def test_full_corpus_char_prep_skip_and_force(tmp_path):
 
 def test_gpt2_pattern_is_tiktokens():
     from tiktoken_ext.openai_public import r50k_pat_str  # importing it needs no network
-    assert prepare.GPT2_PAT_STR == r50k_pat_str
+    assert common.GPT2_PAT_STR == r50k_pat_str
 
 
 @pytest.mark.parametrize('text,ids', KNOWN_IDS)
 def test_bpe_ids_match_gpt2(text, ids):
-    enc = prepare.get_gpt2_encoding()
+    enc = common.get_gpt2_encoding()
     assert enc.encode(text, allowed_special='all') == ids
     assert enc.decode(ids) == text
-    encode, decode = prepare.load_codec({'vocab_size': 50257, 'kind': 'bpe', 'encoding': 'gpt2'})
+    encode, decode = common.codec({'vocab_size': 50257, 'kind': 'bpe', 'encoding': 'gpt2'})
     assert encode(text) == ids and decode(ids) == text  # load_codec allows <|endoftext|>
 
 
@@ -146,7 +148,7 @@ def test_bpe_matches_tiktoken_gpt2_when_cached():
     if not all(os.path.exists(os.path.join(cache, hashlib.sha1(u.encode()).hexdigest())) for u in urls):
         pytest.skip('tiktoken gpt2 files not cached (no network here)')
     import tiktoken
-    ref, enc = tiktoken.get_encoding('gpt2'), prepare.get_gpt2_encoding()
+    ref, enc = tiktoken.get_encoding('gpt2'), common.get_gpt2_encoding()
     text = prepare.read_shakespeare()[:200_000]
     assert enc.encode_ordinary(text) == ref.encode_ordinary(text)
 
@@ -156,14 +158,14 @@ def test_bpe_shakespeare_prep(tmp_path):
     prepare.prepare_bpe(text, str(tmp_path))
     meta, train, val = load(tmp_path)
     assert meta == {'vocab_size': 50257, 'kind': 'bpe', 'encoding': 'gpt2'}
-    _, decode = prepare.load_codec(meta)
+    _, decode = common.codec(meta)
     n = int(0.9 * len(text))
     assert decode(train) == text[:n] and decode(val) == text[n:]
 
 
 # ---------------------------------------------------------------------------- fineweb_edu from local files
 
-def test_fineweb_local_files(tmp_path):
+def test_fineweb_local_files(tmp_path, run_here):
     import pandas as pd
     docs = [f"Doc {i}: naïve café, the {i}th line.\nSecond line of doc {i}." for i in range(12)]
     with open(tmp_path / 'a.jsonl', 'w') as f:
@@ -180,24 +182,21 @@ def test_fineweb_local_files(tmp_path):
     assert len(train) > 0 and len(val) > 0
     assert train[0] == EOT and val[0] == EOT  # eot before each document
     assert (train == EOT).sum() + (val == EOT).sum() == len(expect)
-    _, decode = prepare.load_codec(meta)
+    _, decode = common.codec(meta)
     assert decode(val).split('<|endoftext|>')[1:] == expect[:1]  # doc 0 (every 200th) -> val
     assert decode(train).split('<|endoftext|>')[1:] == expect[1:]  # order kept across processes
-    # a token cap: the same stream, cut; single process gives the same ids
-    r = run_prepare('fineweb_edu', f'--files={files}', f'--data_dir={tmp_path / "o2"}', '--num_proc=1',
-                    '--num_tokens=60')
-    assert r.returncode == 0, r.stderr
+    # a token cap: the same stream, cut; a single process (here, in this one) gives the same ids
+    assert run_here('prepare.py', 'fineweb_edu', f'--files={files}', f'--data_dir={tmp_path / "o2"}',
+                    '--num_proc=1', '--num_tokens=60') == 0
     _, train2, val2 = load(tmp_path / 'o2' / 'fineweb_edu')
     assert len(train2) + len(val2) == 60
     assert list(val2) == list(val) and list(train2) == list(train[:60 - len(val)])
 
 
-def test_fineweb_file_without_text_column(tmp_path):
+def test_fineweb_file_without_text_column(tmp_path, run_here):
     (tmp_path / 'bad.jsonl').write_text(json.dumps({'content': 'hi'}) + '\n')
-    r = run_prepare('fineweb_edu', f'--files={tmp_path / "bad.jsonl"}', f'--data_dir={tmp_path}')
-    assert r.returncode == 1
-    err = r.stderr.strip()
-    assert err.startswith('error:') and "'text'" in err and len(err.splitlines()) == 1
+    with pytest.raises(common.UserError, match="no 'text' column"):
+        run_here('prepare.py', 'fineweb_edu', f'--files={tmp_path / "bad.jsonl"}', f'--data_dir={tmp_path}')
 
 
 # ---------------------------------------------------------------------------- errors and helpers
@@ -210,81 +209,77 @@ def one_line_error(r):
 
 
 def test_unknown_dataset_one_line_error():
-    r = run_prepare('tinystories')
+    r = run_prepare('tinystories')  # a real process: what the user sees
     line = one_line_error(r)
     assert r.returncode == 1
-    assert "unknown dataset 'tinystories'" in line and all(name in line for name in prepare.DATASETS)
+    assert "unknown dataset 'tinystories'" in line and all(name in line for name in common.DATASETS)
 
 
-def test_missing_files_one_line_error(tmp_path):
-    line = one_line_error(run_prepare('fineweb_edu', f'--files={tmp_path / "nope.jsonl"}', f'--data_dir={tmp_path}'))
-    assert 'nope.jsonl' in line
+def error_of(run_here, *args):
+    with pytest.raises(common.UserError) as e:
+        run_here('prepare.py', *args)
+    return str(e.value)
+
+
+def test_missing_files_error(tmp_path, run_here):
+    assert 'nope.jsonl' in error_of(run_here, 'fineweb_edu', f'--files={tmp_path / "nope.jsonl"}', f'--data_dir={tmp_path}')
     assert not (tmp_path / 'fineweb_edu').exists()
-    line = one_line_error(run_prepare('shakespeare', f'--files={tmp_path / "x.txt"}', f'--data_dir={tmp_path}'))
+    line = error_of(run_here, 'shakespeare', f'--files={tmp_path / "x.txt"}', f'--data_dir={tmp_path}')
     assert '--files' in line and 'fineweb_edu' in line
 
 
-def test_hub_unreachable_one_line_error(tmp_path):
+def test_hub_unreachable_error(tmp_path, run_here, monkeypatch):
     # .invalid never resolves (RFC 2606), so this is "offline" on any machine, and fast
-    env = {k: v for k, v in os.environ.items() if 'proxy' not in k.lower() and k != 'HF_HUB_OFFLINE'}
-    env['HF_ENDPOINT'] = 'https://hub.invalid'
+    for k in [k for k in os.environ if 'proxy' in k.lower() or k == 'HF_HUB_OFFLINE']:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv('HF_ENDPOINT', 'https://hub.invalid')
     t0 = time.time()
-    line = one_line_error(run_prepare('fineweb_edu', f'--data_dir={tmp_path}', env=env))
+    line = error_of(run_here, 'fineweb_edu', f'--data_dir={tmp_path}')
     assert time.time() - t0 < 60
     assert 'hub' in line and '--files' in line
+    assert '(hub.invalid: ' in line  # found out by prepare.py's own look-up, before the hub client's retries
 
 
 def test_dataset_dir_and_names(tmp_path):
-    assert prepare.dataset_dir('shakespeare', str(tmp_path)) == str(tmp_path / 'shakespeare')
-    assert prepare.dataset_dir('shakespeare_char') == os.path.join(ROOT, 'data', 'shakespeare_char')
-    assert set(prepare.DATASETS) == {'shakespeare_char', 'shakespeare', 'fineweb_edu', 'arithmetic'}
+    assert common.dataset_dir('shakespeare', str(tmp_path)) == str(tmp_path / 'shakespeare')
+    assert common.dataset_dir('shakespeare_char') == os.path.join(ROOT, 'data', 'shakespeare_char')
+    assert set(common.DATASETS) == {'shakespeare_char', 'shakespeare', 'fineweb_edu', 'arithmetic'}
 
 
-# prepare.py run as a script with a stand-in arithmetic module that records what it is asked to do
-DISPATCH = """
-import json, runpy, sys, types
-fake = types.ModuleType('arithmetic')
-fake.prepare = lambda out_dir, **kw: print(json.dumps([out_dir, kw]))
-fake.TIERS = (4, 5, 6)
-sys.modules['arithmetic'] = fake
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name='__main__')
-"""
-
-
-def test_arithmetic_dispatch(tmp_path):
+def test_arithmetic_dispatch(tmp_path, run_here, monkeypatch):
+    """prepare.py with a stand-in arithmetic module that records what it is asked to do."""
     calls = []
+    fake = types.ModuleType('arithmetic')
+    fake.prepare = lambda out_dir, **kw: calls.append([out_dir, kw])
+    monkeypatch.setitem(sys.modules, 'arithmetic', fake)
     for args in (['arithmetic', f'--data_dir={tmp_path}', '--samples=123', '--seed=7', '--force=True'],
                  ['arithmetic', f'--data_dir={tmp_path}'],
                  ['arithmetic-2-3', f'--data_dir={tmp_path}', '--samples=50']):
-        r = subprocess.run([sys.executable, '-c', DISPATCH, os.path.join(ROOT, 'prepare.py'), *args],
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr
-        calls.append(json.loads(r.stdout))
-    assert calls == [[str(tmp_path / 'arithmetic'), {'samples': 123, 'seed': 7, 'force': True, 'tiers': [4, 5, 6]}],
-                     [str(tmp_path / 'arithmetic'), {'seed': 1337, 'force': False, 'tiers': [4, 5, 6]}],
-                     [str(tmp_path / 'arithmetic-2-3'), {'samples': 50, 'seed': 1337, 'force': False, 'tiers': [2, 3]}]]
+        assert run_here('prepare.py', *args) == 0
+    assert calls == [[str(tmp_path / 'arithmetic'), {'samples': 123, 'seed': 7, 'force': True, 'tiers': (4, 5, 6)}],
+                     [str(tmp_path / 'arithmetic'), {'seed': 1337, 'force': False, 'tiers': (4, 5, 6)}],
+                     [str(tmp_path / 'arithmetic-2-3'), {'samples': 50, 'seed': 1337, 'force': False, 'tiers': (2, 3)}]]
 
 
 @pytest.mark.parametrize('name, tiers', [('arithmetic-2-3', (2, 3)), ('arithmetic-5', (5,)),
                                          ('arithmetic-3-3', None), ('arithmetic-0-2', None),
                                          ('arithmetic-', None), ('arithmetic2', None), ('shakespeare', None)])
 def test_arithmetic_tiers_from_name(name, tiers):
-    assert prepare.arithmetic_tiers(name) == tiers
+    assert common.arithmetic_tiers(name) == tiers
 
 
-def test_arithmetic_tiers_prepared_and_too_many_samples(tmp_path):
-    r = run_prepare('arithmetic-2-3', f'--data_dir={tmp_path}', '--samples=50')
-    assert r.returncode == 0, r.stderr
+def test_arithmetic_tiers_prepared_and_too_many_samples(tmp_path, run_here):
+    assert run_here('prepare.py', 'arithmetic-2-3', f'--data_dir={tmp_path}', '--samples=50') == 0
     with open(tmp_path / 'arithmetic-2-3' / 'info.json') as f:
         assert json.load(f)['tiers'] == [2, 3]
-    # tier 2 has about 10k distinct expressions: asking for more is a one-line error, not a traceback
-    line = one_line_error(run_prepare('arithmetic-2', f'--data_dir={tmp_path}', '--samples=12000'))
-    assert 'distinct 2-operator expressions' in line and '--samples' in line
+    # a tier has only so many distinct expressions (tier 2 about 10k; tier 1, cheaper to exhaust, a few
+    # hundred): asking for more is a UserError (one line) naming --samples, not a traceback or an endless loop
+    with pytest.raises(common.UserError, match=r"could not find 1000 distinct 1-operator expressions.*--samples"):
+        arithmetic.generate(1000, 1, random.Random(0))
 
 
-def test_config_errors_one_line(tmp_path):
-    line = one_line_error(run_prepare('shakespeare', '--num_tokenz=5'))
+def test_config_errors(tmp_path, run_here):
+    line = error_of(run_here, 'shakespeare', '--num_tokenz=5')
     assert "unknown config key 'num_tokenz'" in line and "did you mean 'num_tokens'?" in line
-    line = one_line_error(run_prepare('fineweb_edu', '--num_tokens=many'))
+    line = error_of(run_here, 'fineweb_edu', '--num_tokens=many')
     assert 'num_tokens' in line and 'expected int' in line
