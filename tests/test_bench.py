@@ -20,7 +20,7 @@ from common import UserError  # noqa: E402
 TINY = ['--n_layer=2', '--n_embd=32', '--n_head=4', '--vocab_size=64', '--block_size=16', '--batch_size=2',
         '--warmup=1', '--iters=2', '--threads=1', '--device=cpu']
 SHAPE = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, mlp_hidden=None)
-FIELDS = ['setting', 'variant', 'n_kv_head', 'compile', 'params', 'flops_per_token', 'step_ms', 'step_ms_samples',
+FIELDS = ['setting', 'variant', 'n_layer', 'first_step_s', 'n_kv_head', 'compile', 'params', 'flops_per_token', 'step_ms', 'step_ms_samples',
           'tok_s', 'mfu', 'mem_bytes', 'mem_method', 'loss_last', 'step_ratio', 'step_ratio_paired', 'mem_ratio']
 
 
@@ -31,20 +31,24 @@ def run(*args, script='bench.py', code=None):
                           text=True, timeout=900)
 
 
-def rows(stdout, setting):
-    """Table rows of one setting: {variant: the row's fields after the variant}."""
-    return {p[1]: p[2:] for p in (line.split() for line in stdout.splitlines()) if p[:1] == [setting]}
+def rows(stdout, setting, n_layer=2):
+    """Table rows of one depth and setting: {variant: the row's fields after the variant}."""
+    return {p[2]: p[3:] for p in (line.split() for line in stdout.splitlines()) if p[:2] == [str(n_layer), setting]}
 
 
 # ----------------------------------------------------------------------------- end to end
 def test_json_table_and_ratios(tmp_path):
     out = tmp_path / 'bench.json'
-    p = run(*TINY, '--variants=baseline,lime,lime-last-2,hc', '--settings=mha-eager,gqa-eager', f'--json={out}')
+    p = run(*TINY, '--variants=baseline,lime,lime-last-2,hc', '--settings=mha-eager,gqa-eager', f'--json={out}',
+            '--depths=1,2')
     assert p.returncode == 0, p.stderr
     recs = json.loads(out.read_text())['records']
-    assert [(r['setting'], r['variant']) for r in recs] == [
-        (s, v) for s in ('mha-eager', 'gqa-eager') for v in ('baseline', 'lime', 'lime-last-2', 'hc')]
+    assert [(r['n_layer'], r['setting'], r['variant']) for r in recs] == [
+        (L, s, v) for L in (1, 2) for s in ('mha-eager', 'gqa-eager') for v in ('baseline', 'lime', 'lime-last-2', 'hc')]
+    assert recs[0]['params'] < recs[-1]['params']  # each depth is built: 1 layer, then 2
+    recs = [r for r in recs if r['n_layer'] == 2]
     for r in recs:
+        assert r['first_step_s'] > 0
         assert all(f in r for f in FIELDS), [f for f in FIELDS if f not in r]
         assert r['step_ms'] > 0 and r['tok_s'] > 0 and r['mem_bytes'] > 0 and len(r['step_ms_samples']) == 2
         assert r['mfu'] is None and r['mem_method'] == 'saved_for_backward'  # CPU, no --peak_flops
@@ -57,8 +61,9 @@ def test_json_table_and_ratios(tmp_path):
     assert by[('mha-eager', 'lime')]['params'] > by[('mha-eager', 'baseline')]['params']  # the routers
     table = rows(p.stdout, 'mha-eager')
     assert list(table) == ['baseline', 'lime', 'lime-last-2', 'hc']
-    assert table['baseline'][2] == '1.000' and table['baseline'][-1] == '1.000'  # x base columns
-    assert float(table['hc'][-1]) == pytest.approx(by[('mha-eager', 'hc')]['mem_ratio'], abs=1e-3)
+    assert table['baseline'][2] == '1.000' and table['baseline'][-2] == '1.000'  # x base columns
+    assert float(table['hc'][-2]) == pytest.approx(by[('mha-eager', 'hc')]['mem_ratio'], abs=1e-3)
+    assert float(table['lime'][-1]) == pytest.approx(by[('mha-eager', 'lime')]['first_step_s'], abs=0.06)
     assert 'mem: bytes saved for backward' in p.stdout and f'wrote {out}' in p.stdout
 
 
@@ -171,10 +176,11 @@ def test_config_files(tmp_path):
     good.write_text("n_layer = 3\nvariants = 'baseline'\n")
     p = run(str(good), *TINY[1:], '--n_head=2')
     assert p.returncode == 0, p.stderr
-    assert 'L=3 ' in p.stdout and 'H=2 ' in p.stdout and list(rows(p.stdout, 'mha-eager')) == ['baseline']
+    assert 'L=3 ' in p.stdout and 'H=2 ' in p.stdout and list(rows(p.stdout, 'mha-eager', 3)) == ['baseline']
 
 
-@pytest.mark.parametrize('name', ['bench_cpu_i', 'bench_cpu_ii', 'bench_cpu_iii', 'bench_1b', 'bench_deep_narrow_cpu'])
+@pytest.mark.parametrize('name', ['bench_cpu_i', 'bench_cpu_ii', 'bench_cpu_iii', 'bench_1b', 'bench_deep_narrow_cpu',
+                                  'bench_depth_cpu'])
 def test_shipped_configs_load(name):
     """Every key of the shipped configs is one bench.py knows (and dev/bench_detail.py, which shares them)."""
     scope = {}
