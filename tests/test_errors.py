@@ -353,7 +353,7 @@ def test_sample_prompt_outside_the_vocabulary(trained, tmp_path, run_here):
     (['--max_new_tokens=0'], 'max_new_tokens=0 must be >= 1'),
     (['--max_new_tokens=-5'], 'max_new_tokens=-5 must be >= 1'),
     (['--num_samples=0'], 'num_samples=0 must be >= 1'),
-    (['--temperature=-1.0'], 'temperature=-1.0 must be >= 0'),
+    (['--temperature=-1.0'], 'temperature=-1.0 must be a finite number >= 0'),
     (['--top_k=0'], 'top_k=0 must be >= 1'),
     (['--tempreature=0.5'], "did you mean 'temperature'?"),
 ])
