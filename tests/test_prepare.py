@@ -175,8 +175,8 @@ def test_fineweb_local_files(tmp_path, run_here):
     (tmp_path / 'c.txt').write_text('\n\n'.join(d.replace('\n', ' ') for d in docs[9:]))  # .txt: paragraphs
     expect = docs[:9] + [d.replace('\n', ' ') for d in docs[9:]]
     files = ','.join(str(tmp_path / n) for n in ('a.jsonl', 'b.parquet', 'c.txt'))
-    r = run_prepare('fineweb_edu', f'--files={files}', f'--data_dir={tmp_path / "o1"}', '--num_proc=2')
-    assert r.returncode == 0, r.stderr
+    # two tokenizer processes (forked from this one): prepare.py's functions, as its command line calls them
+    prepare.prepare_docs(prepare.open_local(files.split(',')), str(tmp_path / 'o1' / 'fineweb_edu'), 10_000_000, 2)
     meta, train, val = load(tmp_path / 'o1' / 'fineweb_edu')
     assert meta == {'vocab_size': 50257, 'kind': 'bpe', 'encoding': 'gpt2'}
     assert len(train) > 0 and len(val) > 0
@@ -185,7 +185,7 @@ def test_fineweb_local_files(tmp_path, run_here):
     _, decode = common.codec(meta)
     assert decode(val).split('<|endoftext|>')[1:] == expect[:1]  # doc 0 (every 200th) -> val
     assert decode(train).split('<|endoftext|>')[1:] == expect[1:]  # order kept across processes
-    # a token cap: the same stream, cut; a single process (here, in this one) gives the same ids
+    # the command line, with a token cap: the same stream, cut; a single process gives the same ids
     assert run_here('prepare.py', 'fineweb_edu', f'--files={files}', f'--data_dir={tmp_path / "o2"}',
                     '--num_proc=1', '--num_tokens=60') == 0
     _, train2, val2 = load(tmp_path / 'o2' / 'fineweb_edu')
