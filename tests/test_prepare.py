@@ -1,4 +1,5 @@
 """Tests for prepare.py: char / BPE / fineweb_edu-from-local-files preparation, codecs, errors."""
+import ast
 import gzip
 import hashlib
 import json
@@ -283,3 +284,22 @@ def test_config_errors(tmp_path, run_here):
     assert "unknown config key 'num_tokenz'" in line and "did you mean 'num_tokens'?" in line
     line = error_of(run_here, 'fineweb_edu', '--num_tokens=many')
     assert 'num_tokens' in line and 'expected int' in line
+
+
+def test_imports_point_one_way():
+    """The scripts use common.py (and model.py); common.py and model.py import no script, and no module
+    of the repository imports itself back through others."""
+    graph = {}
+    for name in os.listdir(ROOT):
+        if name.endswith('.py'):
+            with open(os.path.join(ROOT, name)) as f:
+                tree = ast.parse(f.read())
+            deps = {a.name.split('.')[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            deps |= {n.module.split('.')[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+            graph[name[:-3]] = deps
+    graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
+    assert graph['model'] == set() and graph['common'] <= {'model'}
+
+    def reaches(start, target, seen=()):
+        return any(d == target or (d not in seen and reaches(d, target, (*seen, d))) for d in graph[start])
+    assert not [m for m in graph if reaches(m, m)]
