@@ -174,9 +174,9 @@ def check_options():
     finally:
         sys.argv = argv
         del os.environ['NANOLIME_CHECK_ONLY']
-    if errors:  # the first; named by its variant unless every variant has it (a bad option for all)
+    if errors:  # the first; named by its variant if another variant passed (then the problem is that one's)
         v, msg = next(iter(errors.items()))
-        prefix = '' if set(errors.values()) == {msg} and len(errors) == len(variant_list) else f"variant {v}: "
+        prefix = '' if len(errors) == len(variant_list) else f"variant {v}: "
         key = re.match(r"unknown config key '(\w+)'", msg)
         close = difflib.get_close_matches(key.group(1), sweep_keys, n=1) if key and 'did you' not in msg else []
         raise UserError(prefix + msg + (f"; did you mean '{close[0]}'?" if close else ''))

@@ -1,5 +1,7 @@
 """Shared by the tests: the repo on sys.path, small prepared datasets, and the scripts run as a user runs
 them (a subprocess, DDP ranks) or, cheaper, in this process."""
+import contextlib
+import io
 import os
 import runpy
 import signal
@@ -85,26 +87,37 @@ def tiny_data_dir(tmp_path_factory):
     return str(root)
 
 
-@pytest.fixture
-def run_here(monkeypatch):
-    """run_here('prepare.py', *args): the script run in this process as `python <script> <args>` runs it from
-    another directory, without the seconds a fresh Python spends importing torch. Returns its exit status;
-    a UserError (what the user would see as one 'error:' line) propagates. For the messages and what a
-    script writes; the one-line printing itself (common.excepthook) is tested with real processes."""
-    def run(script, *args):
-        monkeypatch.chdir('/')
-        monkeypatch.setattr(sys, 'argv', [script, *args])
-        monkeypatch.setattr(sys, 'excepthook', sys.excepthook)
+def script_here(script, *args, env=None, capture=True):
+    """The script run in this process as `python <script> <args>` runs it from another directory, without
+    the seconds a fresh Python spends importing torch: (exit status, stdout, stderr), its output kept from
+    the terminal unless capture=False. A UserError (what the user would see as one 'error:' line)
+    propagates. For the messages and what a script does and writes; what only a process shows (the
+    one-line printing by common.excepthook, signals, exit on SIGKILL) is tested with real processes."""
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in (env or {}).items():
+            mp.setenv(k, str(v))
+        mp.chdir('/')
+        mp.setattr(sys, 'argv', [script, *args])
+        mp.setattr(sys, 'excepthook', sys.excepthook)
         handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}  # train.py sets its own
         try:
-            runpy.run_path(os.path.join(REPO, script), run_name='__main__')
+            with contextlib.redirect_stdout(out) if capture else contextlib.nullcontext(), \
+                    contextlib.redirect_stderr(err) if capture else contextlib.nullcontext():
+                runpy.run_path(os.path.join(REPO, script), run_name='__main__')
+            code = 0
         except SystemExit as e:
-            return e.code or 0
+            code = e.code or 0
         finally:
             for s, handler in handlers.items():
                 signal.signal(s, handler)
             for fd in common._locks.values():  # the directories the script locked: free, as at a process's end
                 os.close(fd)
             common._locks.clear()
-        return 0
-    return run
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def run_here():
+    """run_here('prepare.py', *args): script_here for a test, its output left to capsys: the exit status."""
+    return lambda script, *args: script_here(script, *args, capture=False)[0]

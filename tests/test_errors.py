@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, child_env, launch_ranks, ok, patched, run
+from conftest import REPO, child_env, launch_ranks, ok, patched, run, script_here
 import common
 
 TINY = ['--device=cpu', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
@@ -50,7 +50,8 @@ def error_of(run_here, script, *args):
 @pytest.fixture(scope='session')
 def trained(data_dir, tmp_path_factory):
     out = str(tmp_path_factory.mktemp('trained') / 'out')
-    ok(run('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=4', '--eval_interval=2'))
+    assert script_here('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=4',
+                       '--eval_interval=2')[0] == 0
     return out
 
 

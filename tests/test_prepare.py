@@ -1,4 +1,5 @@
 """Tests for prepare.py: char / BPE / fineweb_edu-from-local-files preparation, codecs, errors."""
+import ast
 import gzip
 import hashlib
 import json
@@ -175,8 +176,8 @@ def test_fineweb_local_files(tmp_path, run_here):
     (tmp_path / 'c.txt').write_text('\n\n'.join(d.replace('\n', ' ') for d in docs[9:]))  # .txt: paragraphs
     expect = docs[:9] + [d.replace('\n', ' ') for d in docs[9:]]
     files = ','.join(str(tmp_path / n) for n in ('a.jsonl', 'b.parquet', 'c.txt'))
-    r = run_prepare('fineweb_edu', f'--files={files}', f'--data_dir={tmp_path / "o1"}', '--num_proc=2')
-    assert r.returncode == 0, r.stderr
+    # two tokenizer processes (forked from this one): prepare.py's functions, as its command line calls them
+    prepare.prepare_docs(prepare.open_local(files.split(',')), str(tmp_path / 'o1' / 'fineweb_edu'), 10_000_000, 2)
     meta, train, val = load(tmp_path / 'o1' / 'fineweb_edu')
     assert meta == {'vocab_size': 50257, 'kind': 'bpe', 'encoding': 'gpt2'}
     assert len(train) > 0 and len(val) > 0
@@ -185,7 +186,7 @@ def test_fineweb_local_files(tmp_path, run_here):
     _, decode = common.codec(meta)
     assert decode(val).split('<|endoftext|>')[1:] == expect[:1]  # doc 0 (every 200th) -> val
     assert decode(train).split('<|endoftext|>')[1:] == expect[1:]  # order kept across processes
-    # a token cap: the same stream, cut; a single process (here, in this one) gives the same ids
+    # the command line, with a token cap: the same stream, cut; a single process gives the same ids
     assert run_here('prepare.py', 'fineweb_edu', f'--files={files}', f'--data_dir={tmp_path / "o2"}',
                     '--num_proc=1', '--num_tokens=60') == 0
     _, train2, val2 = load(tmp_path / 'o2' / 'fineweb_edu')
@@ -283,3 +284,22 @@ def test_config_errors(tmp_path, run_here):
     assert "unknown config key 'num_tokenz'" in line and "did you mean 'num_tokens'?" in line
     line = error_of(run_here, 'fineweb_edu', '--num_tokens=many')
     assert 'num_tokens' in line and 'expected int' in line
+
+
+def test_imports_point_one_way():
+    """The scripts use common.py (and model.py); common.py and model.py import no script, and no module
+    of the repository imports itself back through others."""
+    graph = {}
+    for name in os.listdir(ROOT):
+        if name.endswith('.py'):
+            with open(os.path.join(ROOT, name)) as f:
+                tree = ast.parse(f.read())
+            deps = {a.name.split('.')[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            deps |= {n.module.split('.')[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+            graph[name[:-3]] = deps
+    graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
+    assert graph['model'] == set() and graph['common'] <= {'model'}
+
+    def reaches(start, target, seen=()):
+        return any(d == target or (d not in seen and reaches(d, target, (*seen, d))) for d in graph[start])
+    assert not [m for m in graph if reaches(m, m)]

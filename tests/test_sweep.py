@@ -22,7 +22,7 @@ import termios
 import pytest
 import torch
 
-from conftest import REPO, ok, run
+from conftest import REPO, ok, run, script_here
 import common
 
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
@@ -160,6 +160,11 @@ def copy_of(root, tmp_path, name):
 def test_rerun_trains_nothing_and_changed_options_are_refused(swept, run_here, capsys, tmp_path):
     root, args, _, _ = swept
     again = copy_of(root, tmp_path, 'again')
+    for d in os.listdir(again):  # as the sweep.py before this one wrote it: its runs count as done too
+        if '-L' in d:
+            state = json.load(open(os.path.join(again, d, 'sweep.json')))
+            with open(os.path.join(again, d, 'sweep.json'), 'w') as f:
+                json.dump({**state, 'error': None, 'command': 'python train.py ...'}, f, indent=1)
     files = [os.path.join(d, f) for d, _, names in os.walk(again) for f in names if f in ('ckpt.pt', 'log.jsonl')]
     mtimes = {f: os.stat(f).st_mtime_ns for f in files}
     assert run_here('sweep.py', *args, f'--out_dir={again}') == 0
@@ -196,11 +201,13 @@ def resumed_and_failed(data_dir, tmp_path_factory):
     (tmp / 'patch' / 'sitecustomize.py').write_text(NAN_FOR_DEEP_LIME)
     root = str(tmp / 'root')
     train_args = [*TINY, f'--data_dir={data_dir}', '--lr_decay_iters=6', '--eval_interval=3']
-    ok(run('train.py', *train_args, '--lime=False', '--n_layer=1', '--seed=0', '--max_iters=3',
-           f"--out_dir={os.path.join(root, 'baseline-L1-s0')}"))
+    assert script_here('train.py', *train_args, '--lime=False', '--n_layer=1', '--seed=0', '--max_iters=3',
+                       f"--out_dir={os.path.join(root, 'baseline-L1-s0')}")[0] == 0
     before = read_log(os.path.join(root, 'baseline-L1-s0'))
-    p = run('sweep.py', '--depths=1,2', '--variants=baseline,lime', '--seeds=0', '--jobs=2', f'--out_dir={root}',
-            '--max_iters=6', *train_args, env={'PYTHONPATH': f"{tmp / 'patch'}{os.pathsep}{REPO}"})
+    # the sweep here, its runs (which PYTHONPATH patches) as processes
+    p = subprocess.CompletedProcess([], *script_here(
+        'sweep.py', '--depths=1,2', '--variants=baseline,lime', '--seeds=0', '--jobs=2', f'--out_dir={root}',
+        '--max_iters=6', *train_args, env={'PYTHONPATH': f"{tmp / 'patch'}{os.pathsep}{REPO}"}))
     return root, before, p
 
 
@@ -320,7 +327,7 @@ def arithmetic_swept(tmp_path_factory):
             *TINY, '--block_size=32', '--total_batch_size=128', '--max_iters=2', '--lr_decay_iters=2',
             '--eval_interval=2']
     root = str(tmp / 'root')
-    return root, args, ok(run('sweep.py', *args, f'--out_dir={root}'))
+    return root, args, ok(subprocess.CompletedProcess([], *script_here('sweep.py', *args, f'--out_dir={root}')))
 
 
 def test_arithmetic_runs_get_accuracy_per_tier(arithmetic_swept):
