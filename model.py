@@ -163,11 +163,11 @@ class KVBuffer:
     def append(self, kv):
         layer = len(self.sources)
         self.sources.append(kv)
-        if layer == 0 or layer % self.m:
+        routers = [r for r in self.routers[layer:layer + self.m] if r is not None]
+        if layer == 0 or layer % self.m or not routers:  # not a block's start, or nothing routes (value residual)
             return
         done = self.sources[layer - self.m:layer]  # a block just completed: its sources in one tensor
         self.blocks.append(done[0] if len(done) == 1 else torch.cat(done, dim=2))
-        routers = [r for r in self.routers[layer:layer + self.m] if r is not None]
         read = sorted({j // self.m for r in routers for j in r.layers if j < layer})  # blocks they read
         self.partial = None
         if read:  # phase 1: this block's router rows over those blocks' columns, all layers at once
