@@ -242,9 +242,9 @@ def routed_values(model, kv):
     out = [kv[0][:, 1].flatten(1)]  # layer 0 reads its own values
     for l in range(1, len(kv)):
         R = model.transformer.h[l].attn.router.matrix().detach().double().cpu()
-        # the stacked KV buffer (2, B, S, T, d_h), each recorded position a sequence of length 1
-        sources = torch.cat(kv[:l + 1], dim=2).permute(1, 0, 2, 3).unsqueeze(3).double()
-        out.append(route_reference(R, sources)[1].flatten(1).float())
+        # the stacked KV buffer (S, 2, B, T, d_h), each recorded position a sequence of length 1
+        sources = torch.cat(kv[:l + 1], dim=2).permute(2, 1, 0, 3).unsqueeze(3).double()
+        out.append(route_reference(R, sources)[:, 1, :, 0].transpose(0, 1).flatten(1).float())
     return out
 
 

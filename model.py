@@ -105,35 +105,34 @@ class RoPE(nn.Module):
 # are a learned mixture of the keys and values of every layer so far (eq. 2), read from the
 # stacked KV buffer, instead of its own. Sources are ordered layer-major everywhere:
 # source s = j * n_kv_head + h is KV head h of layer j. Each layer appends its own
-# (2, B, H_kv, T, d_h) [k; v] tensor to the KVBuffer that GPT.forward passes down.
+# (H_kv, 2, B, T, d_h) [k; v] tensor, heads outermost, to the KVBuffer that GPT.forward passes down.
 
 def route_reference(router, sources):
     """eq. (2) as written: k~_h = sum_s R[h, s] k_s, and the same R for v.
 
-    router: (H_kv, S), or per token (B, T, H_kv, S); sources: (2, B, S, T, d_h), the stacked
-    KV buffer. Readable, but every layer would keep its own copy of the stack for backward
-    (O(L^2) memory); KVBuffer computes the same thing in O(L). Tests and analyze.py use this."""
+    router: (H_kv, S), or per token (B, T, H_kv, S); sources: (S, 2, B, T, d_h), the stacked
+    KV buffer; returns (H_kv, 2, B, T, d_h). Readable, but every layer would keep its own copy of
+    the stack for backward (O(L^2) memory); KVBuffer computes the same thing in O(L). Tests and
+    analyze.py use this."""
     if router.dim() == 2:
-        return torch.einsum("hs,cbstd->cbhtd", router, sources)
-    return torch.einsum("bths,cbstd->cbhtd", router, sources)
+        return torch.einsum("hs,scbtd->hcbtd", router, sources)
+    return torch.einsum("bths,scbtd->hcbtd", router, sources)
 
 
-def route(weight, sources):
+def route(weight, sources, out=None):
     """eq. (2) for a static router, accumulated one group of sources at a time.
 
-    weight: (H_out, len(sources) * H_src); sources: list of (2, B, H_src, T, d_h) tensors (one
-    layer's heads, or a block of layers' heads). Every matmul reads a source tensor as it is, so
-    all readers save that same tensor for backward: memory stays O(L) in depth, eager and
-    compiled. A bmm over the 2B (k|v, sequence) blocks keeps CPUs busy and lands the result in
-    attention's layout. The weight is expanded before autocast casts it, so its gradient is
-    summed over the blocks in float32."""
-    c, B, H, T, d = sources[0].shape
-    out = None
-    for j, src in enumerate(sources):
-        w = weight[:, j * H:(j + 1) * H].expand(c * B, -1, H)
-        src = src.view(c * B, H, T * d)
-        out = torch.bmm(w, src) if out is None else torch.baddbmm(out, w, src)
-    return out.view(c, B, -1, T, d)
+    weight: (H_out, S), its columns in the order of `sources`: a list of (H_src, 2, B, T, d_h) tensors (one
+    layer's heads, or a block of layers' heads); out: a partial sum to add to, (H_out, 2, B, T, d_h). With the
+    head axis outermost, each group is a single matmul over all 2*B*T*d_h numbers (not one small matmul per
+    sequence), and every matmul reads a source tensor as it is, so all readers save that same tensor for
+    backward: memory stays O(L) in depth, eager and compiled."""
+    shape, col = sources[0].shape[1:], 0
+    out = None if out is None else out.flatten(1)
+    for src in sources:
+        w, col = weight[:, col:col + src.size(0)], col + src.size(0)
+        out = w @ src.flatten(1) if out is None else torch.addmm(out, w, src.flatten(1))
+    return out.view(-1, *shape)
 
 
 def route_block_size(n_layer):
@@ -156,8 +155,8 @@ class KVBuffer:
 
     def __init__(self, routers, block_size):
         self.routers, self.m = routers, block_size  # routers: every layer's Router (or None)
-        self.sources = []   # every layer's [k; v] so far, (2, B, H_kv, T, d_h) each
-        self.blocks = []    # every completed block's sources, concatenated: (2, B, m * H_kv, T, d_h)
+        self.sources = []   # every layer's [k; v] so far, (H_kv, 2, B, T, d_h) each
+        self.blocks = []    # every completed block's sources, concatenated: (m * H_kv, 2, B, T, d_h)
         self.partial = None  # phase 1: the completed blocks' part of eq. (2), one tensor per layer of this block
 
     def append(self, kv):
@@ -167,24 +166,21 @@ class KVBuffer:
         if layer == 0 or layer % self.m or not routers:  # not a block's start, or nothing routes (value residual)
             return
         done = self.sources[layer - self.m:layer]  # a block just completed: its sources in one tensor
-        self.blocks.append(done[0] if len(done) == 1 else torch.cat(done, dim=2))
+        self.blocks.append(done[0] if len(done) == 1 else torch.cat(done))
         read = sorted({j // self.m for r in routers for j in r.layers if j < layer})  # blocks they read
         self.partial = None
         if read:  # phase 1: this block's router rows over those blocks' columns, all layers at once
-            width = self.m * kv.size(2)  # a block's sources
+            width = self.m * kv.size(0)  # a block's sources
             cols = [c for b in read for c in range(b * width, (b + 1) * width)]
             weight = torch.cat([r.matrix()[:, cols] for r in routers])
-            # split, not sliced per layer: a slice's backward would write into a zero tensor of the full size
-            self.partial = route(weight, [self.blocks[b] for b in read]).split(kv.size(2), dim=2)
+            self.partial = route(weight, [self.blocks[b] for b in read]).split(kv.size(0))
 
     def read(self, router):
         """k~, v~ of the router's layer: phase 2 (its own block) plus its rows of phase 1."""
         first = router.layer - router.layer % self.m  # the first layer of its block
         own = next(i for i, j in enumerate(router.layers) if j >= first)  # the variant's own-block layers
-        kv = route(router.weight[:, own * router.n_kv:], [self.sources[j] for j in router.layers[own:]])
-        if self.partial is not None:
-            kv = kv + self.partial[router.layer - first]
-        return kv
+        partial = None if self.partial is None else self.partial[router.layer - first]
+        return route(router.weight[:, own * router.n_kv:], [self.sources[j] for j in router.layers[own:]], partial)
 
 
 class Router(nn.Module):
@@ -223,9 +219,9 @@ class Router(nn.Module):
             B, T, _ = x.shape
             delta = self.dynamic(x).view(B, T, self.n_kv, -1)
             for i, j in enumerate(self.layers):
-                w = delta[..., i * self.n_kv:(i + 1) * self.n_kv].permute(0, 2, 3, 1).unsqueeze(-1)  # (B, H, H_src, T, 1)
-                src = buffer.sources[j]
-                kv = kv + (w.to(src.dtype) * src.unsqueeze(2)).sum(3)  # (2, B, H, T, d_h)
+                w = delta[..., i * self.n_kv:(i + 1) * self.n_kv].permute(2, 3, 0, 1)[:, :, None, ..., None]
+                src = buffer.sources[j]  # w: (H, H_src, 1, B, T, 1), src: (H_src, 2, B, T, d_h)
+                kv = kv + (w.to(src.dtype) * src).sum(1)  # (H, 2, B, T, d_h)
         return kv
 
 # ----------------------------------------------------------------------------- end of LIMe
@@ -269,15 +265,15 @@ class Attention(nn.Module):
     def forward(self, x, rope, buffer=None, cache=None):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        kv = self.kv_proj(x).view(B, T, 2, self.n_kv_head, self.head_dim).permute(2, 0, 3, 1, 4)  # (2, B, H_kv, T, d_h)
+        kv = self.kv_proj(x).view(B, T, 2, self.n_kv_head, self.head_dim).permute(3, 2, 0, 1, 4)  # (H_kv, 2, B, T, d_h)
         if buffer is not None:  # LIMe and value residual: later layers read this layer's k, v
             kv = kv.contiguous()
             buffer.append(kv)
         if self.router is not None:  # LIMe: route pre-RoPE keys and values over all layers so far (eq. 2)
             kv = self.router(x, buffer)
-        k, v = kv.unbind(0)
+        k, v = kv.transpose(0, 2).unbind(1)  # (B, H_kv, T, d_h) each
         if self.value_residual is not None:
-            v = self.value_residual(v, buffer.sources[0][1])
+            v = self.value_residual(v, buffer.sources[0][:, 1].transpose(0, 1))
         pos = cache.pos if cache is not None else 0
         q, k = rope(q, pos), rope(k, pos)
         if cache is not None:
@@ -366,7 +362,7 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx))
         if self.config.hc:  # the n residual streams start as copies of the embedding
             x = x.unsqueeze(2).repeat(1, 1, self.config.hc, 1)
-        # the stacked KV buffer: every layer's [k; v] (2, B, H_kv, T, d_h), in layer order
+        # the stacked KV buffer: every layer's [k; v] (H_kv, 2, B, T, d_h), in layer order
         buffer = None
         if self.config.lime or self.config.value_residual:
             buffer = KVBuffer([block.attn.router for block in self.transformer.h], self.route_block_size)

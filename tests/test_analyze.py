@@ -204,19 +204,19 @@ def test_recorder_captures_w_v_and_block_outputs():
 
 @pytest.mark.parametrize('router', ['full', 'last-2', 'average'])
 def test_routed_values_are_what_attention_reads(router):
-    # the model's own router output (2, B, H_kv, T, d_h) = [k~; v~]: its v~ half, position by position
+    # the model's own router output (H_kv, 2, B, T, d_h) = [k~; v~]: its v~ half, position by position
     model, _ = tiny(router=router)
     seen = {}
     for l, block in enumerate(model.transformer.h[1:], 1):
-        block.attn.router.register_forward_hook(lambda m, inp, out, l=l: seen.__setitem__(l, out[1]))
+        block.attn.router.register_forward_hook(lambda m, inp, out, l=l: seen.__setitem__(l, out[:, 1]))
     idx = torch.randint(0, 30, (2, 10))
     rec = analyze.Recorder(model)
     reps = rec.run(idx)
     rec.close()
     assert len(reps['routed_values']) == 4
     torch.testing.assert_close(reps['routed_values'][0], reps['values'][0])  # layer 0 reads its own values
-    for l, v in seen.items():  # (B, H_kv, T, d_h) -> (B * T, H_kv * d_h)
-        torch.testing.assert_close(reps['routed_values'][l], v.permute(0, 2, 1, 3).reshape(20, -1),
+    for l, v in seen.items():  # (H_kv, B, T, d_h) -> (B * T, H_kv * d_h)
+        torch.testing.assert_close(reps['routed_values'][l], v.permute(1, 2, 0, 3).reshape(20, -1),
                                    atol=1e-5, rtol=1e-5)
     assert not torch.allclose(reps['routed_values'][3], reps['values'][3])
 

@@ -35,7 +35,7 @@ def plain_router_forward(self, x, buffer):
     R = self.matrix()
     if self.dynamic is not None:
         R = R + self.dynamic(x).view(*x.shape[:2], *R.shape)
-    return M.route_reference(R, torch.cat(buffer.sources, dim=2))
+    return M.route_reference(R, torch.cat(buffer.sources))
 
 
 def scramble(model):
@@ -92,24 +92,29 @@ def test_route_gradcheck_against_the_reference():
     torch.manual_seed(0)
     B, T, d = 2, 3, 4
     for H_out, H_src, n in [(2, 2, 3), (4, 6, 2)]:
-        sources = [torch.randn(2, B, H_src, T, d, dtype=torch.float64, requires_grad=True) for _ in range(n)]
+        sources = [torch.randn(H_src, 2, B, T, d, dtype=torch.float64, requires_grad=True) for _ in range(n)]
         weight = torch.randn(H_out, n * H_src, dtype=torch.float64, requires_grad=True)
-        torch.testing.assert_close(M.route(weight, sources), M.route_reference(weight, torch.cat(sources, dim=2)))
+        torch.testing.assert_close(M.route(weight, sources), M.route_reference(weight, torch.cat(sources)))
         assert torch.autograd.gradcheck(lambda w, *src: M.route(w, list(src)), (weight, *sources))
 
 
-def test_router_gradient_is_summed_in_float32_under_fp16_autocast():
-    """Under fp16 autocast (a GradScaler multiplies the loss by up to 2^16) the router's
-    gradient is a sum over the 2B (k|v, sequence) blocks; summed in fp16 it overflows."""
-    H, B, T, d = 2, 2, 4, 8
-    weight = torch.eye(H).repeat(1, 2).requires_grad_()
-    sources = [torch.full((2, B, H, T, d), 8.0) for _ in range(2)]
-    with torch.autocast("cpu", dtype=torch.float16):
-        out = M.route(weight, sources)
-    assert out.dtype == torch.float16
-    out.backward(torch.full_like(out, 150.0))  # each block's gradient: 150 * 8 * T * d = 38400 < 65504
+def test_route_under_bf16_autocast_matches_float32():
+    """route() under bf16 autocast (the GPU default), a partial sum included: bf16 output close to the
+    float32 sum, and the router's gradient a float32 tensor close to the float32 one."""
+    torch.manual_seed(0)
+    H, B, T, d = 4, 2, 8, 16
+    sources = [torch.randn(n, 2, B, T, d) for n in (H, 2 * H)]
+    partial = torch.randn(H, 2, B, T, d)
+    weight = torch.randn(H, 3 * H, requires_grad=True)
+    want = M.route_reference(weight, torch.cat(sources)) + partial
+    want_grad, = torch.autograd.grad(want.square().sum(), weight)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = M.route(weight, sources, partial)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), want, atol=0.1, rtol=0.02)
+    out.float().square().sum().backward()
     assert weight.grad.dtype == torch.float32
-    torch.testing.assert_close(weight.grad, torch.full((H, 2 * H), 38400.0 * 2 * B))  # 153600 > fp16 max
+    torch.testing.assert_close(weight.grad, want_grad, atol=0, rtol=0.02)
 
 
 @pytest.mark.parametrize("router", ["full", "dynamic", "first-2"])
