@@ -127,12 +127,11 @@ def route(weight, sources, out=None):
     head axis outermost, each group is a single matmul over all 2*B*T*d_h numbers (not one small matmul per
     sequence), and every matmul reads a source tensor as it is, so all readers save that same tensor for
     backward: memory stays O(L) in depth, eager and compiled."""
-    shape, col = sources[0].shape[1:], 0
     out = None if out is None else out.flatten(1)
-    for src in sources:
-        w, col = weight[:, col:col + src.size(0)], col + src.size(0)
+    # split, not sliced per group: one op, whose backward is one cat (a slice's writes into a zeroed copy)
+    for w, src in zip(weight.split([src.size(0) for src in sources], dim=1), sources):
         out = w @ src.flatten(1) if out is None else torch.addmm(out, w, src.flatten(1))
-    return out.view(-1, *shape)
+    return out.view(-1, *sources[0].shape[1:])
 
 
 def route_block_size(n_layer):
