@@ -166,13 +166,13 @@ class KVBuffer:
             return
         done = self.sources[layer - self.m:layer]  # a block just completed: its sources in one tensor
         self.blocks.append(done[0] if len(done) == 1 else torch.cat(done))
-        read = sorted({j // self.m for r in routers for j in r.layers if j < layer})  # blocks they read
+        read = {j // self.m for r in routers for j in r.layers if j < layer}  # the blocks they read
         self.partial = None
         if read:  # phase 1: this block's router rows over those blocks' columns, all layers at once
-            width = self.m * kv.size(0)  # a block's sources
-            cols = [c for b in read for c in range(b * width, (b + 1) * width)]
-            weight = torch.cat([r.matrix()[:, cols] for r in routers])
-            self.partial = route(weight, [self.blocks[b] for b in read]).split(kv.size(0))
+            # (consecutive blocks for every variant; a block between them would only add zero columns)
+            first, last, width = min(read), max(read), self.m * kv.size(0)  # width: a block's sources
+            weight = torch.cat([r.matrix()[:, first * width:(last + 1) * width] for r in routers])
+            self.partial = route(weight, self.blocks[first:last + 1]).split(kv.size(0))
 
     def read(self, router):
         """k~, v~ of the router's layer: phase 2 (its own block) plus its rows of phase 1."""
