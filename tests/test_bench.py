@@ -128,9 +128,9 @@ def test_compiled_setting_SLOW(tmp_path):
     """The one real torch.compile run (fullgraph=True, inductor) of bench.py: LIMe alone, the larger graph;
     tiny, but compiling takes a while."""
     out = tmp_path / 'c.json'
-    p = run('--n_layer=2', '--n_embd=16', '--n_head=2', '--vocab_size=32', '--block_size=8', '--batch_size=1',
+    p = run('--n_layer=3', '--n_embd=32', '--n_head=4', '--vocab_size=50', '--block_size=16', '--batch_size=2',
             '--warmup=1', '--iters=1', '--threads=1', '--device=cpu', '--variants=lime',
-            '--settings=mha-compiled', f'--json={out}')
+            '--settings=kv2-compiled', f'--json={out}')
     assert p.returncode == 0, p.stderr
     rec, = json.loads(out.read_text())['records']
     assert rec['variant'] == 'lime' and rec['compile'] == 'default' and 'error' not in rec
