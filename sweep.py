@@ -388,6 +388,7 @@ if plot and curves:  # final val loss vs depth, then a panel per depth: val loss
     for ax, d in zip(axes[1:], depth_list):
         ax.set(xscale='log', xlabel='training FLOPs', ylabel='val loss', title=f"{d} layers: val loss (mean, 95% band)")
     for ax in axes:
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # labels at powers of 10 only
         ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, 'sweep.png'), dpi=100)
