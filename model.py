@@ -161,8 +161,10 @@ class KVBuffer:
     def append(self, kv):
         layer = len(self.sources)
         self.sources.append(kv)
+        if layer == 0 or layer % self.m:  # not a block's start
+            return
         routers = [r for r in self.routers[layer:layer + self.m] if r is not None]
-        if layer == 0 or layer % self.m or not routers:  # not a block's start, or nothing routes (value residual)
+        if not routers:  # nothing routes (value residual)
             return
         done = self.sources[layer - self.m:layer]  # a block just completed: its sources in one tensor
         self.blocks.append(done[0] if len(done) == 1 else torch.cat(done))
@@ -217,9 +219,9 @@ class Router(nn.Module):
             # sources (not einsum, which would save a permuted copy of every source at every layer)
             B, T, _ = x.shape
             delta = self.dynamic(x).view(B, T, self.n_kv, -1)
-            for i, j in enumerate(self.layers):
-                w = delta[..., i * self.n_kv:(i + 1) * self.n_kv].permute(2, 3, 0, 1)[:, :, None, ..., None]
-                src = buffer.sources[j]  # w: (H, H_src, 1, B, T, 1), src: (H_src, 2, B, T, d_h)
+            for w, j in zip(delta.split(self.n_kv, dim=-1), self.layers):  # layer j's columns
+                w = w.permute(2, 3, 0, 1)[:, :, None, ..., None]  # (H, H_src, 1, B, T, 1)
+                src = buffer.sources[j]  # (H_src, 2, B, T, d_h)
                 kv = kv + (w.to(src.dtype) * src).sum(1)  # (H, 2, B, T, d_h)
         return kv
 
