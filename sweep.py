@@ -148,8 +148,7 @@ for key in PER_RUN:
 train_opts.update({'debug': 'True'} if debug else {})  # --debug: tracebacks from the runs too
 runs = [{'depth': d, 'variant': v, 'seed': s, 'name': f"{re.sub(r'[^A-Za-z0-9+_.-]', '_', v)}-L{d}-s{s}"}
         for d in depth_list for s in seed_list for v in variant_list]
-for run in runs:
-    run['dir'] = os.path.join(out_dir, run['name'])
+runs = [{**run, 'dir': os.path.join(out_dir, run['name'])} for run in runs]
 
 def run_args(variant, depth, seed, run_dir):
     per_run = {**variant_opts[variant], 'n_layer': depth, 'seed': seed, 'out_dir': run_dir}
