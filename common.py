@@ -158,7 +158,12 @@ def excepthook(etype, e, tb):
         first = (str(e).strip().splitlines() or [''])[0][:500]
         msg = f"{etype.__name__}: {first} (rerun with --debug for the traceback)"
     print(f"error: {f'[rank {rank}] ' if rank else ''}{msg}", file=sys.stderr, flush=True)
-    sys.exit(130 if issubclass(etype, KeyboardInterrupt) else 1)
+    status = 130 if issubclass(etype, KeyboardInterrupt) else 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # skip the interpreter's teardown: once a peer has exited, gloo's threads can abort it (SIGABRT, exit
+        # status 134) instead of exiting with ours; there is nothing left to save at this point
+        os._exit(status)
+    sys.exit(status)
 
 
 # ----------------------------------------------------------------------------- device and dtype
