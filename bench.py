@@ -10,6 +10,7 @@ $ python bench.py config/bench_depth_cpu.py         # LIMe's cost against depth:
 
 Profiles, decode speed and memory over depth: dev/bench_detail.py.
 """
+import contextlib
 import gc
 import json as jsonlib
 import math
@@ -18,6 +19,7 @@ import statistics
 import time
 
 import torch
+from torch._inductor.utils import fresh_cache  # private, but what PyTorch's own benchmarks time compiles with
 
 from common import UserError, atomic_write, autocast, configure, peak_flops as device_peak_flops, resolve_device, \
     resolve_dtype, writable_dir
@@ -169,7 +171,10 @@ def run_setting(sname, kv, mode, names, shape, batches, dev, ctx, peak):
             for name, r in list(live.items()):
                 try:
                     t0 = time.perf_counter()
-                    train_step(r, *batches[i], ctx, mode).item()
+                    # compiled: every variant compiles from empty caches, reusing no kernel that another
+                    # variant (or an earlier run) built, so compile times compare
+                    with fresh_cache() if mode and i == 0 else contextlib.nullcontext():
+                        train_step(r, *batches[i], ctx, mode).item()
                     if i == 0:  # compiled: the first forward + backward, compilation included
                         r['first_s'] = time.perf_counter() - t0
                 except Exception as e:
@@ -253,6 +258,9 @@ if __name__ == '__main__':
           f"{'interleaved' if interleave else 'sequential'} rounds\n{'L':>4} {'setting':>14} {'variant':>16} {'params':>12} "
           f"{'ms/iter':>9} {'x base':>7} {'tok/s':>10} {'MFU':>6} {'mem MiB':>9} {'x base':>7} {'1st step s':>10}",
           flush=True)
+    if any(mode for _, _, mode in setting_list):  # the compiler's one-off start (imports, worker processes),
+        with fresh_cache():                          # not to be counted in the first variant's compile time
+            torch.compile(lambda t: t.sin().sum(), fullgraph=True)(torch.ones(8, device=dev, requires_grad=True)).backward()
     records = []
     for L in layer_list:
         for s in setting_list:
@@ -264,7 +272,8 @@ if __name__ == '__main__':
                       f"{r.get('step_ratio', float('nan')):>7.3f} {r['tok_s']:>10,.0f} {mfu:>6} "
                       f"{r['mem_bytes'] / 2**20:>9.1f} {r.get('mem_ratio', float('nan')):>7.3f} "
                       f"{r['first_step_s']:>10.1f}", flush=True)
-    print("1st step s: the first train step, compilation included (compiled settings: the compile time)")
+    print("1st step s: the first train step, compilation included (compiled settings: the compile time, from "
+          "empty caches)")
     print("mem: " + ("peak allocated in one train step (weights, optimizer state, activations, gradients)" if
                      dev.type == 'cuda' else "bytes saved for backward (activations, not weights or optimizer state)"))
     if json:
