@@ -129,8 +129,13 @@ def route(weight, sources, out=None):
     backward: memory stays O(L) in depth, eager and compiled."""
     out = None if out is None else out.flatten(1)
     # split, not sliced per group: one op, whose backward is one cat (a slice's writes into a zeroed copy)
-    for w, src in zip(weight.split([src.size(0) for src in sources], dim=1), sources):
-        out = w @ src.flatten(1) if out is None else torch.addmm(out, w, src.flatten(1))
+    for i, (w, src) in enumerate(zip(weight.split([src.size(0) for src in sources], dim=1), sources)):
+        if out is None:
+            out = w @ src.flatten(1)
+        elif i == 0:  # a partial sum from phase 1 is a view of its stacked result: not to be written to
+            out = torch.addmm(out, w, src.flatten(1))
+        else:  # our own running sum, added to in place (no copy of it per group); autocast does not
+            out.addmm_(w.to(out.dtype), src.flatten(1).to(out.dtype))  # cast in-place ops: we do
     return out.view(-1, *sources[0].shape[1:])
 
 
