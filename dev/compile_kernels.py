@@ -1,6 +1,7 @@
 """
 What compiling costs, counted: the C++ kernels inductor builds (each one a gcc run on a CPU) for one
-training step of the baseline or LIMe, from an empty compile cache.
+training step of the baseline or LIMe, from an empty compile cache, and the seconds spent in gcc (summed
+over inductor's compile workers) and in compiling the forward and the backward graph.
 
 $ python dev/compile_kernels.py 8 baseline      # layers, variant; width 64, 4 heads, batch 2 x 32
 $ python dev/compile_kernels.py 8 lime
@@ -16,6 +17,7 @@ import time
 
 os.environ['TORCHINDUCTOR_CACHE_DIR'] = tempfile.mkdtemp(prefix='inductor-')  # before torch reads it
 import torch  # noqa: E402
+from torch._dynamo.utils import compile_times  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 from model import GPT, GPTConfig  # noqa: E402
@@ -28,3 +30,7 @@ t0 = time.perf_counter()
 torch.compile(model, fullgraph=True)(x, x)[1].backward()
 kernels = glob.glob(os.path.join(os.environ['TORCHINDUCTOR_CACHE_DIR'], '**', '*.so'), recursive=True)
 print(f"L={L} {variant}: {len(kernels)} compiled C++ kernels, first step {time.perf_counter() - t0:.0f} s")
+# where the seconds went: gcc (summed over the compile workers), forward and backward compilation
+phases = dict(line.rsplit(None, 1) for line in compile_times(repr='str', aggregate=True).splitlines()[1:] if line.strip())
+print(', '.join(f"{name} {float(phases[name]):.1f} s" for name in ('compile_file', 'compile_fx.<locals>.fw_compiler_base',
+                                                                  'compile_fx.<locals>.bw_compiler') if name in phases))
