@@ -260,7 +260,8 @@ if __name__ == '__main__':
           flush=True)
     if any(mode for _, _, mode in setting_list):  # the compiler's one-off start (imports, worker processes),
         with fresh_cache():                          # not to be counted in the first variant's compile time
-            torch.compile(lambda t: t.sin().sum(), fullgraph=True)(torch.ones(8, device=dev, requires_grad=True)).backward()
+            t = torch.ones(8, device=dev, requires_grad=True)
+            torch.compile(lambda t: t.sin().sum(), fullgraph=True)(t).backward()
     records = []
     for L in layer_list:
         for s in setting_list:
