@@ -127,16 +127,15 @@ def route(weight, sources, out=None):
     head axis outermost, each group is a single matmul over all 2*B*T*d_h numbers (not one small matmul per
     sequence), and every matmul reads a source tensor as it is, so all readers save that same tensor for
     backward: memory stays O(L) in depth, eager and compiled."""
-    out = None if out is None else out.flatten(1)
     # split, not sliced per group: one op, whose backward is one cat (a slice's writes into a zeroed copy)
-    for i, (w, src) in enumerate(zip(weight.split([src.size(0) for src in sources], dim=1), sources)):
-        if out is None:
-            out = w @ src.flatten(1)
-        elif i == 0:  # a partial sum from phase 1 is a view of its stacked result: not to be written to
-            out = torch.addmm(out, w, src.flatten(1))
-        else:  # our own running sum, added to in place (no copy of it per group); autocast does not
-            out.addmm_(w.to(out.dtype), src.flatten(1).to(out.dtype))  # cast in-place ops: we do
-    return out.view(-1, *sources[0].shape[1:])
+    total = None
+    for w, src in zip(weight.split([src.size(0) for src in sources], dim=1), sources):
+        if total is None:
+            total = w @ src.flatten(1)
+        else:  # added in place: no copy of the running sum per group (autocast skips in-place ops: cast here)
+            total.addmm_(w.to(total.dtype), src.flatten(1).to(total.dtype))
+    total = total.view(-1, *sources[0].shape[1:])
+    return total if out is None else total.add_(out)  # `out` itself is a view we may not write to
 
 
 def route_block_size(n_layer):

@@ -31,6 +31,7 @@ torch.compile(model, fullgraph=True)(x, x)[1].backward()
 kernels = glob.glob(os.path.join(os.environ['TORCHINDUCTOR_CACHE_DIR'], '**', '*.so'), recursive=True)
 print(f"L={L} {variant}: {len(kernels)} compiled C++ kernels, first step {time.perf_counter() - t0:.0f} s")
 # where the seconds went: gcc (summed over the compile workers), forward and backward compilation
-phases = dict(line.rsplit(None, 1) for line in compile_times(repr='str', aggregate=True).splitlines()[1:] if line.strip())
-print(', '.join(f"{name} {float(phases[name]):.1f} s" for name in ('compile_file', 'compile_fx.<locals>.fw_compiler_base',
-                                                                  'compile_fx.<locals>.bw_compiler') if name in phases))
+lines = compile_times(repr='str', aggregate=True).splitlines()[1:]  # 'name   seconds' after a title
+phases = dict(line.rsplit(None, 1) for line in lines if line.strip())
+names = ('compile_file', 'compile_fx.<locals>.fw_compiler_base', 'compile_fx.<locals>.bw_compiler')
+print(', '.join(f"{name} {float(phases[name]):.1f} s" for name in names if name in phases))
