@@ -41,7 +41,7 @@ class GPTConfig:
     value_residual: bool = False  # ResFormer: v_l <- lam * v_1 + (1 - lam) * v_l, lam learned per layer
     denseformer: bool = False  # DenseFormer: a learned weighted average of all earlier block outputs
     rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
+    norm_eps: float = 1e-6     # RMSNorm's eps: the authors' (transformers' LlamaConfig default)
 
     def __post_init__(self):
         if self.n_kv_head is None:

@@ -69,7 +69,13 @@ def int_list(key, text, low):
     return [int(x) for x in values]
 
 def variant_options(variant):
-    """train.py options of a variant name: 'lime', 'lime+hc', 'hc8', 'lime:first-2', 'lime@identity', ..."""
+    """train.py options of a variant name: 'lime', 'lime+hc', 'hc8', 'lime:first-2', 'lime@identity',
+    'lime~router_lr=0.002' (any train.py option after '~', repeatable), ..."""
+    variant, *overrides = variant.split('~')
+    extra = dict(o.partition('=')[::2] for o in overrides)
+    if any(not k or not v or k in (*PER_RUN, 'out_dir') for k, v in extra.items()):
+        raise UserError(f"variant '{variant}~{'~'.join(overrides)}': expected '~key=value' with a train.py option "
+                        f"other than {', '.join(PER_RUN)} and out_dir, e.g. lime~router_lr=0.002")
     name, _, init = variant.partition('@')
     name, _, router = name.partition(':')
     opts, parts = dict(PLAIN), name.split('+')
@@ -82,7 +88,7 @@ def variant_options(variant):
         opts.update(COMPONENTS[part] if part in COMPONENTS else {'hc': int(part[2:])})
     if (router or init) and not opts['lime']:
         raise UserError(f"variant '{variant}': a router (':') or router init ('@') needs lime, e.g. lime:first-2")
-    return {**opts, **({'router': router} if router else {}), **({'router_init': init} if init else {})}
+    return {**opts, **({'router': router} if router else {}), **({'router_init': init} if init else {}), **extra}
 
 def read_json(path):
     try:
