@@ -44,6 +44,9 @@ out_dir = 'out-sweep'      # the sweep's root: one directory per run, sweep.csv 
 depths = '2,4'             # n_layer values, comma-separated
 variants = 'baseline,lime' # comma-separated, see above; the first is the reference the others are compared with
 seeds = '0,1'              # comma-separated; each seed is one training-data order, shared by all variants
+budgets = ''               # e.g. '150,300,600': the reference is also trained to these iteration counts, each a
+                           # complete run with its own schedule; its final losses, fitted against FLOPs, give the
+                           # compute multipliers ('': read them off the reference's own training curve)
 jobs = 1                   # runs at a time
 threads = 0                # torch threads per run; 0 = this machine's cores // jobs
 plot = True                # write sweep.png
@@ -134,6 +137,29 @@ def compute_multiplier(ref_curve, loss, flops):
         f0, v0 = f, v
     return ref_curve[-1][0] / flops, 'lower'
 
+def fit_power_law(points):
+    """The reference's final loss against its compute, L = A_s * C^-b, from runs trained to several budgets: one
+    exponent b for every seed, one offset log A_s per seed (its data order, shared with the variants' runs of that
+    seed), least squares in log-log over {seed: [(flops, loss), ...]}. (b, {seed: log A_s}, (fewest, most FLOPs
+    fitted)), or None without two budgets or if the loss does not fall with compute."""
+    logs = {s: [(math.log(c), math.log(v)) for c, v in pts] for s, pts in points.items() if pts}
+    sxy = sxx = 0.0
+    for pts in logs.values():  # slope within each seed: the offsets take the seeds' differences
+        mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+        sxy, sxx = sxy + sum((x - mx) * (y - my) for x, y in pts), sxx + sum((x - mx) ** 2 for x, _ in pts)
+    if sxx <= 0 or sxy >= 0:
+        return None
+    b = -sxy / sxx
+    flops = [c for pts in points.values() for c, _ in pts]
+    return b, {s: sum(y + b * x for x, y in pts) / len(pts) for s, pts in logs.items()}, (min(flops), max(flops))
+
+def fitted_multiplier(fit, seed, loss, flops):
+    """(the FLOPs the fitted reference of `seed` needs to reach `loss`, over `flops`; how far that lies beyond the
+    fitted FLOPs, as a factor: 1.0 inside them)."""
+    b, offsets, (low, high) = fit
+    need = math.exp((offsets[seed] - math.log(loss)) / b)
+    return need / flops, max(need / high, low / need, 1.0)
+
 # ----------------------------------------------------------------------------- configuration
 train_opts = {}  # every key that is not the sweep's: train.py's --key=<text>, which train.py checks
 sweep_keys = list(configure(globals(), extra=train_opts))
@@ -154,10 +180,20 @@ for key in PER_RUN:
 train_opts.update({'debug': 'True'} if debug else {})  # --debug: tracebacks from the runs too
 runs = [{'depth': d, 'variant': v, 'seed': s, 'name': f"{re.sub(r'[^A-Za-z0-9+_.-]', '_', v)}-L{d}-s{s}"}
         for d in depth_list for s in seed_list for v in variant_list]
+budget_list = int_list('budgets', budgets, 1) if str(budgets).strip() else []
+runs += [{'depth': d, 'variant': reference, 'seed': s, 'budget': b, 'name': f"{runs_name}-L{d}-s{s}-i{b}"}
+         for runs_name in [re.sub(r'[^A-Za-z0-9+_.-]', '_', reference)] for d in depth_list for s in seed_list
+         for b in budget_list]  # those at max_iters are the reference's own runs: dropped once it is known
 runs = [{**run, 'dir': os.path.join(out_dir, run['name'])} for run in runs]
 
-def run_args(variant, depth, seed, run_dir):
+def iters_of(run):
+    """The iterations a run trains for: its budget, or max_iters."""
+    return run.get('budget') or max_iters
+
+def run_args(variant, depth, seed, run_dir, budget=None):
     per_run = {**variant_opts[variant], 'n_layer': depth, 'seed': seed, 'out_dir': run_dir}
+    if budget:  # a complete run with its own schedule: the decay stretched or shrunk with it
+        per_run.update(max_iters=budget, lr_decay_iters=budget_decay(budget))
     return [f"--{k}={v}" for k, v in {**train_opts, **per_run}.items()]
 
 def check_options():
@@ -187,6 +223,10 @@ def check_options():
         raise UserError(prefix + msg + (f"; did you mean '{close[0]}'?" if close else ''))
     return configs
 
+def budget_decay(budget):
+    """lr_decay_iters of a run of `budget` iterations: the reference schedule's, scaled to the budget."""
+    return max(1, round(configs[reference]['lr_decay_iters'] * budget / max_iters))
+
 def scores(run_dir):
     """arithmetic.py's accuracies per tier of the run's final checkpoint, or None if it has not scored that."""
     path = os.path.join(run_dir, ARITH_JSON)
@@ -206,7 +246,7 @@ def run_status(run):
         raise UserError(f"{run['dir']} was trained with other options ({what}); "
                         "use another out_dir for this sweep, or delete that run")
     state = read_json(os.path.join(run['dir'], RUN_STATE))
-    if state.get('status') != 'done' or state.get('max_iters') != max_iters:
+    if state.get('status') != 'done' or state.get('max_iters') != iters_of(run):
         return 'resume'  # also a run finished outside the sweep: train.py then has nothing to do
     return 'eval' if arithmetic and scores(run['dir']) is None else 'done'
 
@@ -239,12 +279,13 @@ def train(run):
         code, resume, state_path = 0, run['status'] == 'resume', os.path.join(run['dir'], RUN_STATE)
         if run['status'] != 'eval':
             wall, t0 = read_json(state_path).get('wall_time_s', 0.0) if resume else 0.0, time()
-            code = child(run, 'train.py', run_args(run['variant'], run['depth'], run['seed'], run['dir'])
-                         + ['--init_from=resume'] * resume, 'a' if resume else 'w')
-            if code == 0 and final_record(run['dir'], max_iters) is None:
-                code, run['error'] = 1, f"exited normally but logged no val loss at iter {max_iters}"
+            code = child(run, 'train.py', run_args(run['variant'], run['depth'], run['seed'], run['dir'],
+                                                   run.get('budget')) + ['--init_from=resume'] * resume,
+                         'a' if resume else 'w')
+            if code == 0 and final_record(run['dir'], iters_of(run)) is None:
+                code, run['error'] = 1, f"exited normally but logged no val loss at iter {iters_of(run)}"
             with open(state_path, 'w') as f:
-                json.dump({'status': {0: 'done', 130: 'interrupted'}.get(code, 'failed'), 'max_iters': max_iters,
+                json.dump({'status': {0: 'done', 130: 'interrupted'}.get(code, 'failed'), 'max_iters': iters_of(run),
                            'wall_time_s': wall + time() - t0}, f)
         if code == 0 and arithmetic:
             code = child(run, 'arithmetic.py', [f"--out_dir={run['dir']}"], 'a')
@@ -258,6 +299,11 @@ if not report_only:
     lock_dir(out_dir, 'out_dir')
     configs = check_options()
     max_iters = configs[reference]['max_iters']
+    runs = [r for r in runs if r.get('budget') != max_iters]
+    warmup = configs[reference]['warmup_iters']
+    if configs[reference]['decay_lr'] and any(budget_decay(b) <= warmup for b in budget_list):
+        raise UserError(f"budgets={budgets!r}: the shortest budget's lr decay ({budget_decay(min(budget_list))} "
+                        f"iterations) must outlast warmup_iters={warmup}; use longer budgets or a shorter warmup")
     arithmetic = bool(arithmetic_tiers(configs[reference]['dataset']))
     for run in runs:
         try:
@@ -285,7 +331,7 @@ if not report_only:
                 run['status'] = 'failed'
                 failed.append(run)
             msg = f"FAILED {run['name']} ({k}/{len(todo)}): {run['error']}" if code else \
-                f"done {run['name']} ({k}/{len(todo)}): val loss {final_record(run['dir'], max_iters)['val_loss']:.4f}"
+                f"done {run['name']} ({k}/{len(todo)}): val loss {final_record(run['dir'], iters_of(run))['val_loss']:.4f}"
             bar.write(msg, file=sys.stderr if code else sys.stdout)
             bar.update(1)
     except KeyboardInterrupt:  # the runs save a checkpoint and stop (train.py's Ctrl-C); rerunning resumes them
@@ -303,28 +349,41 @@ if not report_only:
 rows, curves = [], {}  # curves: (depth, variant, seed) -> {iter: (flops, val loss)} of a finished run
 for run in runs:
     state, log = read_json(os.path.join(run['dir'], RUN_STATE)), read_log(run['dir'])
-    iters = state.get('max_iters') if report_only else max_iters
+    if report_only and run.get('budget') and not log:
+        continue  # a budget run never started (or at max_iters: the reference's own run)
+    iters = state.get('max_iters') if report_only else iters_of(run)
     finished = (state.get('status'), state.get('max_iters')) == ('done', iters)
     final = final_record(run['dir'], iters) if finished else None
     status = run['status'] if 'error' in run else 'done' if final else state['status'] \
         if state.get('status') in ('failed', 'interrupted') else 'incomplete' if log else 'not run'
-    rows.append({'depth': run['depth'], 'variant': run['variant'], 'seed': run['seed'], 'status': status,
-                 'iters': log[-1]['iter'] if log else None, 'tokens': final and final['tokens'],
+    rows.append({'depth': run['depth'], 'variant': run['variant'], 'seed': run['seed'], 'budget': run.get('budget'),
+                 'status': status, 'iters': log[-1]['iter'] if log else None, 'tokens': final and final['tokens'],
                  'train_flops': final and final['flops'], 'val_loss': final and final['val_loss'],
-                 'compute_multiplier': None, 'compute_multiplier_bound': None,
+                 'compute_multiplier': None, 'multiplier_note': None,
                  'wall_time_s': round(state['wall_time_s'], 1) if 'wall_time_s' in state else None,
                  'out_dir': run['dir']})
-    if status == 'done':
+    if status == 'done' and not run.get('budget'):
         curves[run['depth'], run['variant'], run['seed']] = {r['iter']: (r['flops'], r['val_loss'])
                                                              for r in log if 'val_loss' in r and r['iter'] <= iters}
         rows[-1]['tiers'] = scores(run['dir']) or {}
 
+# the compute multiplier: with budgets, off the power law fitted to the reference's final losses at every budget
+# (per depth); without, off the reference's own training curve (its learning rate not yet decayed mid-run)
+fits = {d: fit_power_law({s: [(r['train_flops'], r['val_loss']) for r in rows if (r['depth'], r['variant'], r['seed'],
+                                                                                   r['status']) == (d, reference, s, 'done')]
+                          for s in seed_list}) for d in depth_list} if budget_list else {}
 tier_list = sorted({int(n) for row in rows for n in row.get('tiers', {})})  # arithmetic: operators per expression
 for row in rows:
-    ref = curves.get((row['depth'], reference, row['seed']))
-    if row['status'] == 'done' and row['variant'] != reference and ref:
-        row['compute_multiplier'], row['compute_multiplier_bound'] = compute_multiplier(
-            [ref[it] for it in sorted(ref)], row['val_loss'], row['train_flops'])
+    ref, fit = curves.get((row['depth'], reference, row['seed'])), fits.get(row['depth'])
+    if row['status'] != 'done' or row['variant'] == reference:
+        pass
+    elif budget_list and fit and row['seed'] in fit[1]:
+        row['compute_multiplier'], beyond = fitted_multiplier(fit, row['seed'], row['val_loss'], row['train_flops'])
+        row['multiplier_note'] = f"extrapolated x{beyond:.2f}" if beyond > 1 else 'fitted'
+    elif not budget_list and ref:
+        row['compute_multiplier'], bound = compute_multiplier([ref[it] for it in sorted(ref)], row['val_loss'],
+                                                              row['train_flops'])
+        row['multiplier_note'] = 'lower bound' if bound else 'reference curve'
     tiers = row.pop('tiers', {})
     for n in tier_list:
         row[f'acc_{n}'], row[f'majority_{n}'] = map(tiers.get(str(n), {}).get, ('accuracy', 'majority_baseline'))
@@ -338,12 +397,13 @@ with open(csv_path, 'w', newline='') as f:
 def print_table(column, title, lower_is_better=True, floor_column=None):
     """Per depth and variant: mean over seeds, 95% interval, paired difference to the reference with its interval
     and verdict; then the compute multiplier, or how the mean compares with a floor (the majority baseline)."""
-    last = 'vs majority baseline' if floor_column else f'compute multiplier (x {reference} FLOPs)'
+    how = f"fitted over {len(budget_list)} budgets" if budget_list else 'off its training curve'
+    last = 'vs majority baseline' if floor_column else f'compute multiplier (x {reference} FLOPs, {how})'
     print(f"\n{title}: mean ± 95% interval over seeds, difference to {reference} paired by seed\n{'depth':>5}  "
           f"{'variant':<16} {'n':>2}  {column:<17}  {'vs ' + reference:<19} {'verdict':<18} {last}\n" + '-' * 110)
     for d in depth_list:
-        done = {v: {r['seed']: r for r in rows if (r['depth'], r['variant'], r['status']) == (d, v, 'done')}
-                for v in variant_list}
+        done = {v: {r['seed']: r for r in rows if (r['depth'], r['variant'], r['status'], r['budget'])
+                    == (d, v, 'done', None)} for v in variant_list}
         for v, mine in done.items():
             m, h = mean_ci([r[column] for r in mine.values()]) if mine else (math.nan, math.nan)
             line, extra = f"{d:>5}  {v:<16} {len(mine):>2}  {m:.4f} ± {h:<8.4f}", ''
@@ -359,13 +419,22 @@ def print_table(column, title, lower_is_better=True, floor_column=None):
                 extra = f"{floor:.4f}: {dict(better='above', worse='below').get(where, where)}"
             elif mults:
                 mm, mh = mean_ci([r['compute_multiplier'] for r in mults])
-                mark = '>' if any(r['compute_multiplier_bound'] for r in mults) else ''
+                mark = '>' if any(r['multiplier_note'] == 'lower bound' for r in mults) else '~' if any(
+                    r['multiplier_note'].startswith('extrapolated') for r in mults) else ''
                 extra = f"{mark}{mm:.3f} ± {mh:.3f}"
             print(f"{line:<73} {extra}".rstrip() if mine else f"{d:>5}  {v:<16}  0  (no finished runs)")
 
 print(f"\n{sum(row['status'] == 'done' for row in rows)}/{len(rows)} runs finished")
 print_table('val_loss', 'final val loss')
-print(f"* paired over the seeds both finished; > a lower bound: {reference} never got to that loss in a seed")
+print(f"* paired over the seeds both finished; the compute multiplier's interval is over seeds too (t)")
+for d, fit in fits.items():
+    far = [float(r['multiplier_note'][14:]) for r in rows if r['depth'] == d and r['compute_multiplier'] is not None
+           and r['multiplier_note'].startswith('extrapolated')]
+    print(f"{d} layers: {reference}'s loss ~ FLOPs^-{fit[0]:.4f} over {fit[2][0]:.3g}-{fit[2][1]:.3g} FLOPs" + (
+        f"; ~ {len(far)} run(s) beyond that range, up to x{max(far):.2f}: extrapolated" if far else '')
+        if fit else f"{d} layers: no fit ({reference} needs two budgets finished with loss falling with compute)")
+if not budget_list:
+    print(f"> a lower bound: {reference} never got to that loss in a seed; --budgets=... fits its loss against compute")
 for n in tier_list:
     print_table(f'acc_{n}', f"test accuracy, {n} operators", lower_is_better=False, floor_column=f'majority_{n}')
 print(f"CSV: {csv_path}")
@@ -388,6 +457,15 @@ if plot and curves:  # final val loss vs depth, then a panel per depth: val loss
                 m, h = zip(*(mean_ci([c[it][1] for c in cs]) for it in its))
                 ax.plot(x, m, marker='.', label=f"{v} ({len(cs)} seeds)")
                 ax.fill_between(x, [a - b for a, b in zip(m, h)], [a + b for a, b in zip(m, h)], alpha=0.2)
+    for ax, d in zip(axes[1:], depth_list):  # the reference's final losses at its budgets, and the fit through them
+        ends = [(r['train_flops'], r['val_loss']) for r in rows
+                if (r['depth'], r['variant'], r['status']) == (d, reference, 'done')]
+        if fits.get(d):
+            b, offsets, (low, high) = fits[d]
+            x = [low * (high / low) ** (i / 20) for i in range(21)]
+            a = sum(offsets.values()) / len(offsets)
+            ax.plot(x, [math.exp(a) * c ** -b for c in x], 'k--', lw=1, label=f"{reference} fit: FLOPs^-{b:.3f}")
+            ax.plot(*zip(*ends), 'kx', label=f"{reference}, final at each budget")
     axes[0].set(xscale='log', xlabel='n_layer', ylabel='final val loss', title='final val loss (mean, 95% interval)')
     axes[0].set_xticks(depth_list, [str(d) for d in depth_list])
     for ax, d in zip(axes[1:], depth_list):

@@ -27,8 +27,8 @@ import common
 
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
         '--eval_iters=2', '--warmup_iters=1', '--log_interval=1', '--compile=False', '--dtype=float32']
-COLUMNS = ['depth', 'variant', 'seed', 'status', 'iters', 'tokens', 'train_flops', 'val_loss', 'compute_multiplier',
-           'compute_multiplier_bound', 'wall_time_s', 'out_dir']
+COLUMNS = ['depth', 'variant', 'seed', 'budget', 'status', 'iters', 'tokens', 'train_flops', 'val_loss', 'compute_multiplier',
+           'multiplier_note', 'wall_time_s', 'out_dir']
 
 
 def read_csv(path):
@@ -94,11 +94,13 @@ def test_end_to_end_csv_table_multiplier_bar_plot(swept, sweep_fns):
         assert int(r['tokens']) == 3 * 64 == log[-1]['tokens'] and int(r['train_flops']) == log[-1]['flops']
         # the multiplier: on the reference run of the same depth and seed; none for the reference itself
         if v == 'baseline':
-            assert r['compute_multiplier'] == r['compute_multiplier_bound'] == ''
+            assert r['compute_multiplier'] == r['multiplier_note'] == '' == r['budget']
         else:
             curve = [(x['flops'], x['val_loss']) for x in read_log(by['baseline', s]['out_dir']) if 'val_loss' in x]
             want = sweep_fns['compute_multiplier'](curve, float(r['val_loss']), int(r['train_flops']))
-            assert (float(r['compute_multiplier']), r['compute_multiplier_bound']) == pytest.approx(want)
+            mult, bound = want
+            assert float(r['compute_multiplier']) == pytest.approx(mult)
+            assert r['multiplier_note'] == ('lower bound' if bound else 'reference curve')
     assert int(by['lime', 0]['train_flops']) > int(by['baseline', 0]['train_flops'])  # the routers' FLOPs
     # the table: each variant's mean, the lime - baseline difference paired by seed, its interval (t, 1 df)
     line = next(l for l in stdout.splitlines() if re.match(r'\s*2\s+lime\s+2\s', l))
@@ -106,7 +108,7 @@ def test_end_to_end_csv_table_multiplier_bar_plot(swept, sweep_fns):
     assert f"{sum(diffs) / 2:+.4f} ± {12.706 * abs(diffs[0] - diffs[1]) / 2:.4f}" in line
     assert re.search(r'inside seed noise|better|worse', line)
     mults = [float(by['lime', s]['compute_multiplier']) for s in (0, 1)]
-    bound = '>' if any(by['lime', s]['compute_multiplier_bound'] for s in (0, 1)) else ''
+    bound = '>' if any(by['lime', s]['multiplier_note'] == 'lower bound' for s in (0, 1)) else ''
     assert line.split()[-3] == f"{bound}{sum(mults) / 2:.3f}", line
     # one line per finished run; on the terminal a progress bar, drawn and redrawn
     assert len([l for l in stdout.splitlines() if l.startswith('done ')]) == 4
@@ -276,6 +278,13 @@ def test_variant_names(sweep_fns):
     assert options('lime:last-2@identity') == {**plain, 'lime': True, 'router': 'last-2', 'router_init': 'identity'}
     with pytest.raises(common.UserError, match="needs lime"):
         options('hc@identity')
+    # any train.py option after '~' (values as text, as on train.py's command line); not one the sweep sets
+    assert options('lime~router_lr=0.002') == {**plain, 'lime': True, 'router_lr': '0.002'}
+    assert options('lime@identity~router_lr=1e-3~weight_decay=0') == {
+        **plain, 'lime': True, 'router_init': 'identity', 'router_lr': '1e-3', 'weight_decay': '0'}
+    for bad in ('lime~n_layer=8', 'lime~router_lr', 'lime~=3', 'baseline~out_dir=x'):
+        with pytest.raises(common.UserError, match="expected '~key=value'"):
+            options(bad)
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -315,6 +324,75 @@ def test_compute_multiplier_interpolation_by_hand(sweep_fns):
     # the first crossing counts, not a later one after a bump
     assert multiplier([(0, 4.0), (100, 3.0), (200, 3.5), (400, 2.0)], 3.2, 8) == pytest.approx((10.0, ''))
 
+
+
+def test_fitted_multiplier_recovers_a_known_multiplier(sweep_fns):
+    """Synthetic reference runs on exact power laws L = A_s C^-b (b and each seed's A_s known) at three budgets;
+    a variant whose final loss is the reference's at m times its FLOPs has multiplier m."""
+    fit_power_law, fitted = sweep_fns['fit_power_law'], sweep_fns['fitted_multiplier']
+    b, scale = 0.08, {0: 4.0, 1: 4.3, 2: 3.9}  # seeds differ in level (data order), not in exponent
+    budgets = [1e12, 2e12, 4e12]
+    fit = fit_power_law({s: [(c, a * c ** -b) for c in budgets] for s, a in scale.items()})
+    assert fit[0] == pytest.approx(b) and fit[2] == (1e12, 4e12)
+    for s, a in scale.items():
+        for m, c in [(1.3, 2e12), (0.7, 3e12), (1.0, 1.5e12)]:  # inside the fitted FLOPs: no extrapolation
+            mult, beyond = fitted(fit, s, a * (m * c) ** -b, c)
+            assert mult == pytest.approx(m, rel=1e-9) and beyond == 1.0
+    # with noise: losses near 2 falling 2.8 % per doubling of compute (b = 0.04, as the deep-narrow runs), and
+    # a loss error of 0.002 per run. An error e moves a multiplier by about e / (b L) = 2.5 %; each seed's
+    # offset averages 3 budgets, so 5 seeds stay within 6 % (about 4 standard errors)
+    gen, b = torch.Generator().manual_seed(0), 0.04
+    level = {s: 2.0 * (1 + 0.01 * s) * 2e12 ** b for s in range(5)}
+    noisy = {s: [(c, a * c ** -b + 0.002 * torch.randn(1, generator=gen).item()) for c in budgets]
+             for s, a in level.items()}
+    fit = fit_power_law(noisy)
+    assert fit[0] == pytest.approx(b, rel=0.25)
+    for s, a in level.items():
+        mult, _ = fitted(fit, s, a * (1.25 * 2e12) ** -b, 2e12)
+        assert mult == pytest.approx(1.25, rel=0.06)
+    # a loss the reference only reaches at 4x its largest budget is flagged, by that factor; below the smallest too
+    fit = fit_power_law({0: [(c, 4.0 * c ** -b) for c in budgets]})
+    assert fitted(fit, 0, 4.0 * 16e12 ** -b, 4e12) == pytest.approx((4.0, 4.0))
+    assert fitted(fit, 0, 4.0 * 0.25e12 ** -b, 1e12) == pytest.approx((0.25, 4.0))
+    # no fit from one budget, nor from losses that do not fall with compute
+    assert fit_power_law({0: [(1e12, 2.0)], 1: [(1e12, 2.1)]}) is None
+    assert fit_power_law({0: [(1e12, 2.0), (2e12, 2.1)]}) is None
+
+
+def test_budgets_reuse_finished_runs_and_fit_the_multiplier(swept, sweep_fns, run_here, capsys, tmp_path):
+    """Rerunning a finished sweep with --budgets trains only the reference's new budgets (a complete run each,
+    its schedule scaled), reuses every finished run, and fits the multiplier through the reference's final
+    losses at every budget (here 2 and 3 iterations; 3 is max_iters: the reference's own run)."""
+    root, args, _, _ = swept
+    copy = str(tmp_path / 'root')
+    shutil.copytree(root, copy)
+    args = [a for a in args if not a.startswith('--out_dir=')] + [f'--out_dir={copy}', '--budgets=2,3', '--plot=False']
+    assert run_here('sweep.py', *args) == 0
+    out = capsys.readouterr().out
+    assert "6 runs in" in out and "4 already done, 0 to evaluate, 0 to resume, 2 to start" in out
+    rows = read_csv(os.path.join(copy, 'sweep.csv'))
+    budget = {int(r['seed']): r for r in rows if r['budget']}
+    assert sorted(budget) == [0, 1] and all(r['budget'] == '2' and r['variant'] == 'baseline' for r in budget.values())
+    for s, r in budget.items():
+        assert r['out_dir'] == os.path.join(copy, f"baseline-L2-s{s}-i2") and r['status'] == 'done'
+        assert read_log(r['out_dir'])[-1]['iter'] == 2
+        with open(os.path.join(r['out_dir'], 'train.log')) as f:
+            assert '--max_iters=2 --lr_decay_iters=2' in f.readline()  # its own schedule
+    main = {(r['variant'], int(r['seed'])): r for r in rows if not r['budget']}
+    points = {s: [(int(r['train_flops']), float(r['val_loss'])) for r in (main['baseline', s], budget[s])]
+              for s in (0, 1)}
+    fit = sweep_fns['fit_power_law'](points)
+    for s in (0, 1):
+        r = main['lime', s]
+        if fit is None:
+            assert r['compute_multiplier'] == ''
+            continue
+        want = sweep_fns['fitted_multiplier'](fit, s, float(r['val_loss']), int(r['train_flops']))
+        assert float(r['compute_multiplier']) == pytest.approx(want[0], rel=1e-6)
+        assert r['multiplier_note'] == ('fitted' if want[1] == 1.0 else f"extrapolated x{want[1]:.2f}")
+    assert "compute multiplier (x baseline FLOPs, fitted over 2 budgets)" in out
+    # run again: nothing to train
+    assert run_here('sweep.py', *args) == 0 and "6 already done" in capsys.readouterr().out
 
 # ----------------------------------------------------------------------------- arithmetic
 @pytest.fixture(scope='module')
