@@ -311,7 +311,8 @@ if not report_only:
         except UserError as e:
             run['status'], run['error'] = 'refused', str(e)
             failed.append(run)
-    todo = sorted((r for r in runs if r['status'] in ('scratch', 'resume', 'eval')), key=lambda r: -r['depth'])
+    todo = sorted((r for r in runs if r['status'] in ('scratch', 'resume', 'eval')),
+                  key=lambda r: (-r['depth'], r['seed']))  # seed by seed: each finished seed is a paired result
     cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
     n_threads = threads or max(1, cores // jobs)
     env = dict(os.environ, OMP_NUM_THREADS=str(n_threads), MKL_NUM_THREADS=str(n_threads), PYTHONUNBUFFERED='1')
