@@ -6,15 +6,15 @@ $ python sweep.py config/sweep_deep_narrow_cpu.py --jobs=2
 $ python sweep.py config/sweep_deep_narrow_cpu.py --report_only=True   # CSV, tables, plot of the runs so far
 
 Each run is `python train.py ... --n_layer=<depth> --seed=<seed> --out_dir=<out_dir>/<variant>-L<depth>-s<seed>`
-plus its variant's options and every key that is not the sweep's own (below); train.py checks them for each
-variant before any run starts. Variants: baseline, lime, hc (hc2, hc8: other rates), value_residual,
-denseformer, combined with '+' (lime+hc); for LIMe a router after ':' (lime:first-2), a router init after
-'@' (lime@identity), any train.py option after '~' (lime~router_lr=0.002). Finished runs are skipped, interrupted ones resumed: rerun the same command after a
-crash or Ctrl-C; one sweep per out_dir at a time. Results in out_dir: sweep.csv (a row per run), sweep.png,
-and tables with 95% intervals over seeds, differences paired by seed (one seed is one training-data order
-for every run) and each run's compute multiplier: the FLOPs the reference (same depth and seed) needs to reach the run's final
-val loss, over the run's FLOPs (> 1: the same loss with less compute), read off a power law fitted to the
-reference's final losses when it is also trained to --budgets=150,300,600 (else off its own training curve).
+plus its variant's options and every key that is not the sweep's own (below); train.py checks them for each variant
+before any run starts. Variants: baseline, lime, hc (hc2, hc8: other rates), value_residual, denseformer, combined
+with '+' (lime+hc); for LIMe a router after ':' (lime:first-2), a router init after '@' (lime@identity), any
+train.py option after '~' (lime~router_lr=0.002). Finished runs are skipped, interrupted ones resumed: rerun the
+same command after a crash or Ctrl-C; one sweep per out_dir at a time. Results in out_dir: sweep.csv (a row per
+run), sweep.png, and tables with 95% intervals over seeds, differences paired by seed (one seed is one training-data
+order for every run) and each run's compute multiplier: the FLOPs the reference (same depth and seed) needs to reach
+the run's final val loss, over the run's FLOPs (> 1: the same loss with less compute), read off a power law fitted
+to the reference's final losses when it is also trained to --budgets=150,300,600 (else off its own training curve).
 """
 import os
 import re
@@ -332,8 +332,9 @@ if not report_only:
             if code:
                 run['status'] = 'failed'
                 failed.append(run)
+            final = None if code else final_record(run['dir'], iters_of(run))
             msg = f"FAILED {run['name']} ({k}/{len(todo)}): {run['error']}" if code else \
-                f"done {run['name']} ({k}/{len(todo)}): val loss {final_record(run['dir'], iters_of(run))['val_loss']:.4f}"
+                f"done {run['name']} ({k}/{len(todo)}): val loss {final['val_loss']:.4f}"
             bar.write(msg, file=sys.stderr if code else sys.stdout)
             bar.update(1)
     except KeyboardInterrupt:  # the runs save a checkpoint and stop (train.py's Ctrl-C); rerunning resumes them
@@ -371,9 +372,12 @@ for run in runs:
 
 # the compute multiplier: with budgets, off the power law fitted to the reference's final losses at every budget
 # (per depth); without, off the reference's own training curve (its learning rate not yet decayed mid-run)
-fits = {d: fit_power_law({s: [(r['train_flops'], r['val_loss']) for r in rows if (r['depth'], r['variant'], r['seed'],
-                                                                                   r['status']) == (d, reference, s, 'done')]
-                          for s in seed_list}) for d in depth_list} if budget_list else {}
+def reference_ends(depth, seed):
+    """[(FLOPs, final val loss)] of the reference's finished runs at `depth` and `seed`, one per budget."""
+    return [(r['train_flops'], r['val_loss']) for r in rows
+            if (r['depth'], r['variant'], r['seed'], r['status']) == (depth, reference, seed, 'done')]
+
+fits = {d: fit_power_law({s: reference_ends(d, s) for s in seed_list}) for d in depth_list} if budget_list else {}
 tier_list = sorted({int(n) for row in rows for n in row.get('tiers', {})})  # arithmetic: operators per expression
 for row in rows:
     ref, fit = curves.get((row['depth'], reference, row['seed'])), fits.get(row['depth'])
@@ -460,8 +464,7 @@ if plot and curves:  # final val loss vs depth, then a panel per depth: val loss
                 ax.plot(x, m, marker='.', label=f"{v} ({len(cs)} seeds)")
                 ax.fill_between(x, [a - b for a, b in zip(m, h)], [a + b for a, b in zip(m, h)], alpha=0.2)
     for ax, d in zip(axes[1:], depth_list):  # the reference's final losses at its budgets, and the fit through them
-        ends = [(r['train_flops'], r['val_loss']) for r in rows
-                if (r['depth'], r['variant'], r['status']) == (d, reference, 'done')]
+        ends = [end for s in seed_list for end in reference_ends(d, s)]
         if fits.get(d):
             b, offsets, (low, high) = fits[d]
             x = [low * (high / low) ** (i / 20) for i in range(21)]
