@@ -7,6 +7,7 @@ $ python bench.py                                  # small CPU config, about a m
 $ python bench.py config/bench_1b.py               # the paper's 1B shapes (Table 9), one 80 GB GPU
 $ python bench.py --variants=baseline,lime,lime-dynamic,hc --settings=mha-eager,gqa-compiled --json=b.json
 $ python bench.py config/bench_depth_cpu.py         # LIMe's cost against depth: 8 to 64 layers, eager and compiled
+$ python bench.py config/bench_relatives_cpu.py     # LIMe, AttnRes and mHC against depth, width 64, eager
 
 Profiles, decode speed and memory over depth: dev/bench_detail.py.
 """
@@ -23,7 +24,7 @@ from torch._inductor.utils import fresh_cache  # private, but what PyTorch's own
 
 from common import UserError, atomic_write, autocast, configure, peak_flops as device_peak_flops, resolve_device, \
     resolve_dtype, writable_dir
-from model import GPT, GPTConfig, ROUTERS
+from model import ATTNRES, GPT, GPTConfig, ROUTERS
 
 # ----------------------------------------------------------------------------- config
 n_layer = 4
@@ -37,7 +38,8 @@ vocab_size = 256
 block_size = 128          # sequence length T
 batch_size = 8
 # what to run
-variants = 'baseline,lime,hc'  # names in VARIANTS below, lime-<router> (lime-average, lime-last-2, ...), a+b
+variants = 'baseline,lime,hc'  # names in VARIANTS below, lime-<router> (lime-average, lime-last-2, ...),
+#                                attnres-<mode> (attnres-block, attnres-block-4), a+b
 settings = 'mha-eager'    # <mha|gqa|kv<N>>-<eager|compiled|ro>, comma-separated; compiled = torch.compile(
 #                           model, fullgraph=True), ro = the same with mode='reduce-overhead' (CUDA graphs)
 interleave = True         # False: one variant at a time (build, time, free), for models that do not fit together
@@ -56,6 +58,9 @@ VARIANTS = {  # name -> GPTConfig overrides
     'lime': dict(lime=True),
     'hc': dict(hc=4),
     'hc-dynamic': dict(hc=4, hc_dynamic=True),
+    'mhc': dict(hc=4, mhc=True),
+    'mhc-dynamic': dict(hc=4, hc_dynamic=True, mhc=True),
+    'attnres': dict(attnres='full'),
     'value_residual': dict(value_residual=True),
     'denseformer': dict(denseformer=True),
 }
@@ -68,11 +73,13 @@ def variant_config(name, shape):
     for part in name.split('+'):
         if part.startswith('lime-'):
             overrides.update(lime=True, router=part[len('lime-'):])
+        elif part.startswith('attnres-'):
+            overrides.update(attnres=part[len('attnres-'):])
         elif part in VARIANTS:
             overrides.update(VARIANTS[part])
         else:
             raise UserError(f"unknown variant '{part}' in --variants: use {', '.join(VARIANTS)}, "
-                            f"lime-<router> (router: {ROUTERS}) or two joined by '+'")
+                            f"lime-<router> (router: {ROUTERS}), attnres-<mode> (mode: {ATTNRES}) or two joined by '+'")
     try:
         return GPTConfig(**shape, **overrides)
     except TypeError as e:  # a field this model.py does not have

@@ -9,7 +9,8 @@ as written, route() the same sum in a form that keeps memory O(L) in depth and t
 torch.compile traces whole. With lime=False the model is a plain pre-norm Llama
 (RMSNorm, RoPE, SwiGLU, GQA, tied embeddings, no biases). The last blocks hold the
 cross-layer alternatives it is compared with: Hyper-Connections (Zhu et al. 2024,
-the paper's other baseline), value residual (ResFormer) and DenseFormer.
+the paper's other baseline) and mHC, value residual (ResFormer), DenseFormer and
+Attention Residuals.
 """
 
 import math
@@ -20,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ROUTERS = "full, average, dynamic, last-<j>, first-<j>"
+ATTNRES = "full, block, block-<m>"
 
 
 @dataclass
@@ -38,8 +40,10 @@ class GPTConfig:
     router_init: str = "paper"  # 'paper': own-head identity plus U(-b, b) elsewhere; 'identity': zero elsewhere
     hc: int = 0                # Hyper-Connections expansion rate (0 = off; the paper uses 4)
     hc_dynamic: bool = False
+    mhc: bool = False          # mHC: HC's mixing constrained (Sinkhorn-Knopp, sigmoids); needs hc
     value_residual: bool = False  # ResFormer: v_l <- lam * v_1 + (1 - lam) * v_l, lam learned per layer
     denseformer: bool = False  # DenseFormer: a learned weighted average of all earlier block outputs
+    attnres: str = ""          # Attention Residuals: '' (off) or ATTNRES: a softmax mix of earlier outputs
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6     # RMSNorm's eps: the authors' (transformers' LlamaConfig default)
 
@@ -67,6 +71,12 @@ class GPTConfig:
                              "(LIMe's router includes v_1); use one of them")
         if self.denseformer and self.hc:
             raise ValueError("denseformer and hc both rewire the residual stream; use one of them")
+        if self.mhc and not self.hc:
+            raise ValueError("mhc constrains Hyper-Connections: set hc too, e.g. hc=4")
+        if self.attnres:
+            attnres_block_size(self.attnres, self.n_layer)  # raises on an unknown mode
+            if self.hc or self.denseformer:
+                raise ValueError("attnres and hc or denseformer all rewire the residual stream; use one of them")
 
 
 def router_layers(router, layer):
@@ -319,6 +329,10 @@ class Block(nn.Module):
         self.hc_mlp = HyperConnection(config, 2 * layer + 1) if config.hc else None
 
     def forward(self, x, rope, buffer=None, cache=None):
+        if isinstance(x, DepthBuffer):  # Attention Residuals: x holds every earlier output, and each
+            x.append(self.attn(self.ln_1(x.read()), rope, buffer, cache))  # sub-layer reads its own mix of them
+            x.append(self.mlp(self.ln_2(x.read())))
+            return x
         if self.hc_attn is not None:  # x: (B, T, n, d), n residual streams
             x = self.hc_attn(x, lambda h: self.attn(self.ln_1(h), rope, buffer, cache))
             return self.hc_mlp(x, lambda h: self.mlp(self.ln_2(h)))
@@ -345,8 +359,9 @@ class GPT(nn.Module):
         # DenseFormer: after block i, a weighted average of the embedding and blocks 0..i's outputs
         self.dwa = nn.ModuleList([DepthWeightedAverage(i + 2) for i in range(config.n_layer)]) \
             if config.denseformer else None
+        self.attn_res = AttnRes(config) if config.attnres else None  # Attention Residuals' pseudo-queries
         # GPT-2 init; the projections back into the residual stream scaled by 1/sqrt(2L).
-        # Routers, HC, value residual and DenseFormer weights keep their own init.
+        # Routers, HC, mHC, value residual, DenseFormer and AttnRes weights keep their own init.
         nn.init.normal_(self.transformer.wte.weight, std=0.02)
         for block in self.transformer.h:
             attn, mlp = block.attn, block.mlp
@@ -367,6 +382,9 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx))
         if self.config.hc:  # the n residual streams start as copies of the embedding
             x = x.unsqueeze(2).repeat(1, 1, self.config.hc, 1)
+        if self.attn_res is not None:  # Attention Residuals: the embedding is the first source
+            x = DepthBuffer(self.attn_res(), attnres_block_size(self.config.attnres, self.config.n_layer), x,
+                            self.config.norm_eps)
         # the stacked KV buffer: every layer's [k; v] (H_kv, 2, B, T, d_h), in layer order
         buffer = None
         if self.config.lime or self.config.value_residual:
@@ -379,6 +397,8 @@ class GPT(nn.Module):
                 x = self.dwa[i](outputs)
         if self.config.hc:
             x = x.sum(dim=2)
+        if self.attn_res is not None:  # the final blend: one more AttnRes, with its own query, over every source
+            x = x.read()
         x = self.transformer.ln_f(x)
         if cache is not None:
             cache.pos += T
@@ -423,7 +443,8 @@ class GPT(nn.Module):
 
     def flops_per_token(self, seq_len=None):
         """Forward matmul FLOPs per token (multiply-add = 2), attention over the full T x T matrix,
-        LM head and router included; training costs 3x this. Reproduces paper Table 8's ratios."""
+        LM head and router included; training costs 3x this. Reproduces paper Table 8's ratios.
+        Elementwise work (norms, softmaxes, sigmoids, mHC's Sinkhorn steps) is not counted."""
         c = self.config
         T, d, hd, L, n = seq_len or c.block_size, c.n_embd, c.n_embd // c.n_head, c.n_layer, c.hc
         per_layer = (2 * d * c.n_head * hd * 2           # q and o projections
@@ -443,6 +464,9 @@ class GPT(nn.Module):
             flops += (L - 1) * 2 * 2 * c.n_kv_head * hd
         if c.denseformer:  # after block i, a weighted sum of i + 2 tensors of width d
             flops += sum(2 * (i + 2) * d for i in range(L))
+        if c.attnres:  # each of the 2L + 1 reads: a logit and a multiply-add per source; the sources of read l
+            m = attnres_block_size(c.attnres, L)  # are the embedding, l // m completed blocks and a partial sum
+            flops += sum(4 * d * (1 + l // m + (l % m > 0)) for l in range(2 * L + 1))
         return flops
 
     def estimate_mfu(self, tokens_per_iter, dt, peak_flops, seq_len=None):
@@ -453,7 +477,7 @@ class GPT(nn.Module):
                              optimizer="adamw", muon_lr=0.02, muon_momentum=0.95):
         """AdamW, three groups (paper App. A): every parameter of a LIMe Router at router_lr without
         decay; the other nn.Linear weights decayed; the rest (the embedding, norms, and the mixing
-        weights of HC, value residual and DenseFormer) without decay. Each group keeps its 'peak_lr'.
+        weights of HC, mHC, value residual, DenseFormer, AttnRes) without decay. Each group keeps its 'peak_lr'.
         optimizer='muon': [Muon, AdamW], torch.optim.Muon on the attention and MLP projection matrices
         (at muon_lr, decayed; lr scaled by sqrt(max(1, rows/cols)), Keller Jordan's original rule), AdamW
         on everything else as above: embedding, norms, routers and every cross-layer mixing weight."""
@@ -482,7 +506,7 @@ class GPT(nn.Module):
         return [muon, adamw]
 
 
-# ----------------------------------------------------------------------------- Hyper-Connections
+# ----------------------------------------------------------------------------- Hyper-Connections, mHC
 class HyperConnection(nn.Module):
     """Hyper-Connections (Zhu et al. 2024) around one sub-layer, rate n.
 
@@ -491,6 +515,12 @@ class HyperConnection(nn.Module):
     (column 0 one-hot at index % n, then identity; beta = 1) keeps all streams equal, so
     at step 0 the model computes the baseline function. Dynamic HC adds
     tanh(norm(H) W) * s to alpha and beta, with W = 0 at init and s = 0.01.
+
+    mHC (DeepSeek, arXiv 2512.24880; config.mhc) keeps these coefficients and constrains them:
+    the pre map alpha[:, 0] through a sigmoid, the post map beta through 2 * sigmoid, and the n x n
+    residual mix alpha[:, 1:] projected onto the doubly stochastic matrices (sinkhorn), so that
+    the mix of many layers can neither grow nor vanish. beta starts at 0 (post map 1): at init
+    every stream is still the baseline's residual stream.
     """
 
     def __init__(self, config, index):
@@ -500,7 +530,8 @@ class HyperConnection(nn.Module):
         alpha[index % n, 0] = 1.0
         alpha[:, 1:] = torch.eye(n)
         self.static_alpha = nn.Parameter(alpha)
-        self.static_beta = nn.Parameter(torch.ones(n))
+        self.mhc = config.mhc
+        self.static_beta = nn.Parameter(torch.zeros(n) if self.mhc else torch.ones(n))
         self.dynamic = config.hc_dynamic
         if self.dynamic:
             self.norm = nn.RMSNorm(d, eps=config.norm_eps)
@@ -511,15 +542,36 @@ class HyperConnection(nn.Module):
             self.alpha_scale = nn.Parameter(torch.tensor(0.01))
             self.beta_scale = nn.Parameter(torch.tensor(0.01))
 
-    def forward(self, H, sublayer):  # H: (B, T, n, d)
+    def coefficients(self, H):  # H: (B, T, n, d) -> alpha (n, n+1), beta (n), or per token (B, T, ...)
         alpha, beta = self.static_alpha, self.static_beta
         if self.dynamic:
             Hn = self.norm(H)
             alpha = alpha + self.alpha_scale * torch.tanh(self.dynamic_alpha(Hn))      # (B, T, n, n+1)
             beta = beta + self.beta_scale * torch.tanh(self.dynamic_beta(Hn)).squeeze(-1)  # (B, T, n)
+        if self.mhc:  # mHC: H_pre = sigmoid, H_res = Sinkhorn-Knopp, H_post = 2 * sigmoid
+            alpha = torch.cat([alpha[..., :1].sigmoid(), sinkhorn(alpha[..., 1:])], dim=-1)
+            beta = 2 * beta.sigmoid()
+        return alpha, beta
+
+    def forward(self, H, sublayer):  # H: (B, T, n, d)
+        alpha, beta = self.coefficients(H)
         mixed = alpha.transpose(-1, -2) @ H  # (B, T, n+1, d)
         y = sublayer(mixed[..., 0, :])
         return mixed[..., 1:, :] + beta.unsqueeze(-1) * y.unsqueeze(-2)
+
+
+SINKHORN_ITERS = 20  # mHC's t_max
+
+
+def sinkhorn(logits, iters=SINKHORN_ITERS):
+    """Sinkhorn-Knopp (mHC): exp(logits), its rows and then its columns normalized to sum 1, `iters` times:
+    a doubly stochastic matrix (non-negative, rows and columns summing to 1; the columns exactly, each
+    column being the weights of one new stream). logits: (..., n, n)."""
+    M = (logits - logits.amax(dim=(-2, -1), keepdim=True)).exp()  # the shift cancels; it keeps exp finite
+    for _ in range(iters):
+        M = M / M.sum(dim=-1, keepdim=True)
+        M = M / M.sum(dim=-2, keepdim=True)
+    return M
 
 
 # ----------------------------------------------------------------------------- value residual, DenseFormer
@@ -551,3 +603,86 @@ class DepthWeightedAverage(nn.Module):
 
     def forward(self, outputs):  # outputs: the embedding and blocks 0..i's outputs, each (B, T, d)
         return sum(w * x for w, x in zip(self.weight.unbind(), outputs))
+
+
+# ----------------------------------------------------------------------------- Attention Residuals
+# Attention Residuals (Kimi, arXiv 2603.15031): each sub-layer's input is a softmax-weighted mix of all
+# earlier sub-layer outputs instead of their running sum. The sources are v_0, the token embedding, and
+# v_i, the output of sub-layer i (attention and MLP are a sub-layer each: two per layer). Sub-layer l reads
+#     h_l = sum_{i<l} alpha_{i->l} v_i,   alpha_{i->l} = softmax_i(w_l . RMSNorm(v_i)),
+# one learned pseudo-query w_l per sub-layer (zero at init: the uniform mean, not the baseline's sum),
+# one head, no projections. Block AttnRes sums the outputs inside blocks of m sub-layers, as the
+# baseline does, and mixes only the completed block sums b_0 = v_0, b_1, ... plus the current block's
+# partial sum: memory O(L/m) sources instead of O(L). Full AttnRes is m = 1, each output its own block.
+
+def attnres_block_size(attnres, n_layer):
+    """Sub-layers per block: 1 for 'full', m for 'block-<m>', and for 'block' the paper's 8 blocks of the
+    2 * n_layer sub-layers (m rounded up: at most 8 blocks)."""
+    name, _, m = attnres.partition("-")
+    if attnres == "full":
+        return 1
+    if attnres == "block":
+        return math.ceil(2 * n_layer / 8)
+    if name == "block" and m.isdigit() and int(m) >= 1:
+        return int(m)
+    raise ValueError(f"unknown attnres '{attnres}'; choose one of: {ATTNRES}")
+
+
+class AttnRes(nn.Module):
+    """The pseudo-queries w_l and the gains g_l of the key RMSNorms of the reads with more than one source:
+    sub-layers 1..2L-1 and the final blend (4d parameters per layer). Sub-layer 0 reads the embedding."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(2 * config.n_layer, config.n_embd))      # w_l (0: the uniform mean)
+        self.key_weight = nn.Parameter(torch.ones(2 * config.n_layer, config.n_embd))  # g_l of RMSNorm_l
+
+    def forward(self):
+        """Every read's query for keys normalized without a gain, w_l . RMSNorm(v) = (w_l * g_l) . (v / rms(v)):
+        (2L + 1, d), read 0's zero (one source: any query gives it weight 1)."""
+        q = self.query * self.key_weight
+        return torch.cat([q.new_zeros(1, q.size(1)), q])
+
+
+class DepthBuffer:
+    """The sources of one forward pass, and AttnRes read from them in two phases.
+
+    The pseudo-queries do not depend on the input, so when a block starts, phase 1 mixes the completed
+    blocks for all of its m sub-layers at once (one matmul per completed block for the logits). At each
+    sub-layer, phase 2 adds the one source phase 1 could not see, the block's partial sum p, to the same
+    softmax: with h' phase 1's mix, s the logsumexp of its logits and z the logit of p,
+        h = sigmoid(s - z) * h' + sigmoid(z - s) * p = h' + sigmoid(z - s) * (p - h')."""
+
+    def __init__(self, queries, block_size, embedding, eps):
+        self.queries, self.m, self.eps = queries, block_size, eps  # queries: every read's, in order (AttnRes)
+        self.blocks = [embedding]         # the completed blocks' sums b_0, b_1, ..., (B, T, d) each
+        self.keys = [self.norm(embedding)]  # RMSNorm(b_j) without the gain, once per block
+        self.partial = None               # the current block's sum so far
+        self.n = 0                        # outputs so far: the next read is sub-layer n's input
+
+    def norm(self, v):
+        return F.rms_norm(v, (v.size(-1),), eps=self.eps)
+
+    def read(self):
+        """h_l for sub-layer l = self.n (after the last one: the final blend)."""
+        l, i = self.n, self.n % self.m  # sub-layer l is the i-th of its block
+        if i == 0:  # phase 1, at a block's start: softmax over the completed blocks, for its m sub-layers
+            q = self.queries[l:l + self.m]                      # (m, d)
+            logits = torch.stack([k @ q.T for k in self.keys])  # (blocks, B, T, m)
+            self.lse = logits.logsumexp(0)                      # (B, T, m)
+            alpha = logits.softmax(0)
+            self.mixed = sum(a.unsqueeze(-1) * v.unsqueeze(-2) for a, v in zip(alpha, self.blocks))  # (B, T, m, d)
+        h = self.mixed[..., i, :]
+        if i > 0:  # phase 2: the partial sum joins the softmax
+            z = self.norm(self.partial) @ self.queries[l]  # (B, T)
+            h = h + torch.sigmoid(z - self.lse[..., i]).unsqueeze(-1) * (self.partial - h)
+        return h
+
+    def append(self, y):
+        """Sub-layer n's output: added to its block's sum; a completed block becomes a source."""
+        self.partial = y if self.partial is None else self.partial + y
+        self.n += 1
+        if self.n % self.m == 0:
+            self.blocks.append(self.partial)
+            self.keys.append(self.norm(self.partial))
+            self.partial = None

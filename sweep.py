@@ -7,14 +7,15 @@ $ python sweep.py config/sweep_deep_narrow_cpu.py --report_only=True   # CSV, ta
 
 Each run is `python train.py ... --n_layer=<depth> --seed=<seed> --out_dir=<out_dir>/<variant>-L<depth>-s<seed>`
 plus its variant's options and every key that is not the sweep's own (below); train.py checks them for each variant
-before any run starts. Variants: baseline, lime, hc (hc2, hc8: other rates), value_residual, denseformer, combined
-with '+' (lime+hc); for LIMe a router after ':' (lime:first-2), a router init after '@' (lime@identity), any
-train.py option after '~' (lime~router_lr=0.002). Finished runs are skipped, interrupted ones resumed: rerun the
-same command after a crash or Ctrl-C; one sweep per out_dir at a time. Results in out_dir: sweep.csv (a row per
-run), sweep.png, and tables with 95% intervals over seeds, differences paired by seed (one seed is one training-data
-order for every run) and each run's compute multiplier: the FLOPs the reference (same depth and seed) needs to reach
-the run's final val loss, over the run's FLOPs (> 1: the same loss with less compute), read off a power law fitted
-to the reference's final losses when it is also trained to --budgets=150,300,600 (else off its own training curve).
+before any run starts. Variants: baseline, lime, hc (hc2, hc8: other rates), mhc, value_residual, denseformer,
+attnres (Full; attnres:block, attnres:block-4: Block), combined with '+' (lime+hc); for LIMe a router after ':'
+(lime:first-2), a router init after '@' (lime@identity), any train.py option after '~' (lime~router_lr=0.002).
+Finished runs are skipped, interrupted ones resumed: rerun the same command after a crash or Ctrl-C; one sweep per
+out_dir at a time. Results in out_dir: sweep.csv (a row per run), sweep.png, and tables with 95% intervals over
+seeds, differences paired by seed (one seed is one training-data order for every run) and each run's compute
+multiplier: the FLOPs the reference (same depth and seed) needs to reach the run's final val loss, over the run's
+FLOPs (> 1: the same loss with less compute), read off a power law fitted to the reference's final losses when it is
+also trained to --budgets=150,300,600 (else off its own training curve).
 """
 import os
 import re
@@ -56,9 +57,11 @@ report_only = False        # only rebuild the CSV, tables and plot from the runs
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
 ARITH_JSON = 'arith_eval_test.json'  # what arithmetic.py writes into a run's directory
 RUN_STATE = 'sweep.json'   # per run directory: status, the max_iters it finished, wall time
-PLAIN = {'lime': False, 'hc': 0, 'value_residual': False, 'denseformer': False}  # the Llama baseline
-COMPONENTS = {'baseline': {}, 'lime': {'lime': True}, 'hc': {'hc': 4}, 'value_residual': {'value_residual': True},
-              'denseformer': {'denseformer': True}}
+PLAIN = {'lime': False, 'hc': 0, 'mhc': False, 'value_residual': False, 'denseformer': False,  # the Llama baseline
+         'attnres': ''}
+COMPONENTS = {'baseline': {}, 'lime': {'lime': True}, 'hc': {'hc': 4}, 'mhc': {'hc': 4, 'mhc': True},
+              'value_residual': {'value_residual': True}, 'denseformer': {'denseformer': True},
+              'attnres': {'attnres': 'full'}}
 PER_RUN = ('n_layer', 'seed', 'init_from', *PLAIN)  # set by the sweep for each run; a value given is ignored
 # options that may change between invocations without making a run another experiment (raising max_iters
 # with lr_decay_iters extends finished runs); a run trained with any other change is refused
@@ -74,7 +77,8 @@ def int_list(key, text, low):
 
 def variant_options(variant):
     """train.py options of a variant name: 'lime', 'lime+hc', 'hc8', 'lime:first-2', 'lime@identity',
-    'lime~router_lr=0.002' (any train.py option after '~', repeatable), ..."""
+    'lime~router_lr=0.002' (any train.py option after '~', repeatable), 'attnres:block' (':' after attnres,
+    the last part, is its mode), ..."""
     variant, *overrides = variant.split('~')
     extra = dict(o.partition('=')[::2] for o in overrides)
     if any(not k or not v or k in (*PER_RUN, 'out_dir') for k, v in extra.items()):
@@ -88,10 +92,13 @@ def variant_options(variant):
             close = difflib.get_close_matches(part, list(COMPONENTS), n=1)
             raise UserError(f"unknown variant '{part}'{f'; did you mean {close[0]!r}?' if close else ''} (known: "
                             f"{', '.join(COMPONENTS)}, combined with '+', e.g. lime+hc; for LIMe a router after "
-                            "':', e.g. lime:first-2, and a router init after '@', e.g. lime@identity)")
+                            "':', e.g. lime:first-2, and a router init after '@', e.g. lime@identity; attnres:block)")
         opts.update(COMPONENTS[part] if part in COMPONENTS else {'hc': int(part[2:])})
+    if router and parts[-1] == 'attnres':  # attnres:block
+        opts['attnres'], router = router, ''
     if (router or init) and not opts['lime']:
-        raise UserError(f"variant '{variant}': a router (':') or router init ('@') needs lime, e.g. lime:first-2")
+        raise UserError(f"variant '{variant}': a router (':') or router init ('@') needs lime, e.g. lime:first-2 "
+                        "(or ':' after attnres: attnres:block)")
     return {**opts, **({'router': router} if router else {}), **({'router_init': init} if init else {}), **extra}
 
 def read_json(path):

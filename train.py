@@ -65,8 +65,10 @@ router = 'full'            # full, average, dynamic, last-<j>, first-<j>
 router_init = 'paper'      # 'paper' (the authors' init) or 'identity' (LIMe starts as the baseline function)
 hc = 0                     # Hyper-Connections expansion rate (0: off; the paper uses 4)
 hc_dynamic = False
+mhc = False                # mHC: HC's mixing constrained to be doubly stochastic (with hc; for comparison)
 value_residual = False     # ResFormer's value residual (for comparison with LIMe)
 denseformer = False        # DenseFormer's learned average of earlier block outputs (for comparison)
+attnres = ''               # Attention Residuals (for comparison): '' (off), 'full', 'block', 'block-<m>'
 # optimizer: 'adamw' (the paper's) or 'muon' (torch.optim.Muon on the blocks' projection matrices, AdamW on the rest)
 optimizer = 'adamw'
 muon_lr = 0.02             # peak lr of Muon's matrices (optimizer='muon'); the schedule below scales it too
@@ -129,7 +131,8 @@ for split, n in sizes.items():
         raise UserError(f"block_size={block_size} is too large for dataset '{dataset}': its {split} split "
                         f"has only {n} tokens (needs more than block_size)")
 model_args = {k: config[k] for k in ('block_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden',
-                                     'dropout', 'lime', 'router', 'router_init', 'hc', 'hc_dynamic', 'value_residual', 'denseformer')}
+                                     'dropout', 'lime', 'router', 'router_init', 'hc', 'hc_dynamic', 'mhc',
+                                     'value_residual', 'denseformer', 'attnres')}
 try:  # shapes and the router variant
     gptconf = GPTConfig(vocab_size=int(meta['vocab_size']), **model_args)
 except ValueError as e:

@@ -189,7 +189,8 @@ def test_config_files(tmp_path):
     assert 'L=3 ' in p.stdout and 'H=2 ' in p.stdout and list(rows(p.stdout, 'mha-eager', 3)) == ['baseline']
 
 
-@pytest.mark.parametrize('name', ['bench_cpu_i', 'bench_cpu_ii', 'bench_cpu_iii', 'bench_1b', 'bench_depth_cpu'])
+@pytest.mark.parametrize('name', ['bench_cpu_i', 'bench_cpu_ii', 'bench_cpu_iii', 'bench_1b', 'bench_depth_cpu',
+                                  'bench_relatives_cpu'])
 def test_shipped_configs_load(name):
     """Every key of the shipped configs is one bench.py knows (and dev/bench_detail.py, which shares them)."""
     scope = {}
@@ -212,6 +213,11 @@ def test_variant_table():
     assert c('value_residual', SHAPE).value_residual and c('denseformer', SHAPE).denseformer
     both = c('lime+hc', SHAPE)
     assert both.lime and both.hc == 4
+    assert (c('mhc', SHAPE).hc, c('mhc', SHAPE).mhc, c('mhc-dynamic', SHAPE).hc_dynamic) == (4, True, True)
+    assert c('attnres', SHAPE).attnres == 'full' and c('attnres-block', SHAPE).attnres == 'block'
+    assert c('lime+attnres-block-4', SHAPE).attnres == 'block-4' and c('lime+attnres-block-4', SHAPE).lime
+    with pytest.raises(UserError, match="variant 'attnres-blocks': unknown attnres"):
+        c('attnres-blocks', SHAPE)
     with pytest.raises(UserError, match="unknown variant 'hcx'"):
         c('hcx', SHAPE)
 
@@ -232,7 +238,8 @@ def test_settings():
             bench.parse_settings(bad, 8, None, None)
 
 
-@pytest.mark.parametrize('variant', ['lime', 'hc', 'lime-dynamic', 'denseformer', 'value_residual'])
+@pytest.mark.parametrize('variant', ['lime', 'hc', 'lime-dynamic', 'denseformer', 'value_residual', 'mhc',
+                                     'attnres-block'])
 def test_every_variant_starts_from_the_baseline_init(variant):
     state = bench.build_model('baseline', SHAPE, 8, 'cpu').state_dict()  # another seed: copied, not re-drawn
     own = bench.build_model(variant, SHAPE, 7, 'cpu', state).state_dict()

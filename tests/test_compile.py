@@ -1,6 +1,7 @@
 """torch.compile on CPU, the closest proxy for the GPU path: LIMe traces as one graph
 (fullgraph=True, no graph breaks, no per-layer recompiles), forward and backward, training
-and no_grad evaluation, for every router variant and with HC, value residual, DenseFormer;
+and no_grad evaluation, for every router variant and with HC, mHC, value residual, DenseFormer,
+Attention Residuals (Full and Block);
 inductor matches eager; activation memory stays flat in depth under the compiler too.
 Compiling is slow on 2 cores (tens of seconds per graph): shapes are tiny."""
 import pytest
@@ -21,7 +22,7 @@ def make(seed=0, **kw):
     model = GPT(GPTConfig(**args))
     with torch.no_grad():  # make dynamic routers and the cross-layer weights do something
         for name, p in model.named_parameters():
-            if "dynamic" in name or name.startswith("dwa.") or name.endswith(".lam"):
+            if "dynamic" in name or name.startswith(("dwa.", "attn_res.")) or name.endswith(".lam"):
                 p.add_(torch.randn_like(p) * 0.1)
     return model
 
@@ -39,22 +40,24 @@ def eval_then_train(model, compiled, steps=2):
     return loss
 
 
-def test_sixteen_layers_compile_to_one_graph_per_mode():
+@pytest.mark.parametrize("kw", [dict(lime=True), dict(attnres="block")], ids=str)
+def test_sixteen_layers_compile_to_one_graph_per_mode(kw):
     """Evaluation then two training steps at 16 layers: exactly two graphs (no_grad eval and
     training), no graph break, no recompile per layer. The dynamo-only backend keeps it fast;
     the AOT backends below trace the backward too."""
     torch._dynamo.reset()
     counters.clear()
-    model = make(n_layer=16, lime=True)
+    model = make(n_layer=16, **kw)
     eval_then_train(model, torch.compile(model, fullgraph=True, backend="eager"))
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 2
 
 
-# every router variant, MHA and GQA, HC, value residual, DenseFormer (each adds its own code path)
+# every router variant, MHA and GQA, HC, mHC, value residual, DenseFormer, AttnRes (each adds its own code path)
 VARIANTS = [dict(lime=True, router=r) for r in ("full", "average", "dynamic", "first-1")] + [
     dict(lime=True, router="last-2", n_kv_head=2), dict(lime=True, hc=2, hc_dynamic=True),
-    dict(value_residual=True, n_kv_head=2), dict(denseformer=True, lime=True)]
+    dict(value_residual=True, n_kv_head=2), dict(denseformer=True, lime=True),
+    dict(hc=2, hc_dynamic=True, mhc=True), dict(attnres="full"), dict(attnres="block-4", lime=True)]
 
 
 @pytest.mark.parametrize("kw", VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "baseline")

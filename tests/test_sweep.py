@@ -268,7 +268,7 @@ def test_bad_input_is_refused_before_any_run(run_here, data_dir, tmp_path):
 
 def test_variant_names(sweep_fns):
     options = sweep_fns['variant_options']
-    plain = {'lime': False, 'hc': 0, 'value_residual': False, 'denseformer': False}
+    plain = {'lime': False, 'hc': 0, 'mhc': False, 'value_residual': False, 'denseformer': False, 'attnres': ''}
     assert options('baseline') == plain
     assert options('lime') == {**plain, 'lime': True}
     assert options('lime+hc') == {**plain, 'lime': True, 'hc': 4} and options('hc8') == {**plain, 'hc': 8}
@@ -285,6 +285,14 @@ def test_variant_names(sweep_fns):
     for bad in ('lime~n_layer=8', 'lime~router_lr', 'lime~=3', 'baseline~out_dir=x'):
         with pytest.raises(common.UserError, match="expected '~key=value'"):
             options(bad)
+    # the relatives: ':' after attnres (the last part) is its mode, not a router
+    assert options('mhc') == {**plain, 'hc': 4, 'mhc': True}
+    assert options('attnres') == {**plain, 'attnres': 'full'}
+    assert options('attnres:block') == {**plain, 'attnres': 'block'}
+    assert options('lime+attnres:block-4') == {**plain, 'lime': True, 'attnres': 'block-4'}
+    assert options('attnres+lime:first-2') == {**plain, 'lime': True, 'attnres': 'full', 'router': 'first-2'}
+    with pytest.raises(common.UserError, match="needs lime"):
+        options('mhc:block')
 
 
 # ----------------------------------------------------------------------------- statistics
