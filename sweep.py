@@ -4,6 +4,7 @@ Depth sweeps: train every (depth, variant, seed) with train.py, then compare the
 $ python sweep.py --depths=4,8,16,32 --variants=baseline,lime --seeds=0,1,2 --max_iters=400
 $ python sweep.py config/sweep_deep_narrow_cpu.py --jobs=2
 $ python sweep.py config/sweep_deep_narrow_cpu.py --report_only=True   # CSV, tables, plot of the runs so far
+$ python sweep.py config/train_deep_narrow.py --depths=32,64,128 --seeds=0,1,2,3 --gpus=0,1,2,3,4,5,6,7
 
 Each run is `python train.py ... --n_layer=<depth> --seed=<seed> --out_dir=<out_dir>/<variant>-L<depth>-s<seed>`
 plus its variant's options and every key that is not the sweep's own (below); train.py checks them for each variant
@@ -30,6 +31,7 @@ import runpy
 import difflib
 import tempfile
 import contextlib
+import queue
 import threading
 import subprocess
 import importlib.util
@@ -50,6 +52,7 @@ budgets = ''               # e.g. '150,300,600': the reference is also trained t
                            # complete run with its own schedule; its final losses, fitted against FLOPs, give the
                            # compute multipliers ('': read them off the reference's own training curve)
 jobs = 1                   # runs at a time
+gpus = ''                  # e.g. 0,1,2,3: one run per GPU at a time, each seeing only its own (CUDA_VISIBLE_DEVICES)
 threads = 0                # torch threads per run; 0 = this machine's cores // jobs
 plot = True                # write sweep.png
 report_only = False        # only rebuild the CSV, tables and plot from the runs on disk
@@ -180,6 +183,16 @@ reference = variant_list[0]
 if not out_dir or jobs < 1 or threads < 0:
     raise UserError(f"out_dir={out_dir!r}, jobs={jobs}, threads={threads}: expected a directory name, jobs >= 1, "
                     "threads >= 0")
+gpu_list = int_list('gpus', gpus, 0) if gpus else []
+if gpu_list:  # one run per GPU at a time: as many jobs as GPUs
+    import torch
+    if not torch.cuda.is_available() or max(gpu_list) >= torch.cuda.device_count():
+        raise UserError(f"gpus={gpus}: this machine has {torch.cuda.device_count() if torch.cuda.is_available() else 0} "
+                        "CUDA GPUs; name GPUs it has (numbered from 0), or leave --gpus out")
+    if jobs not in (1, len(gpu_list)) or str(train_opts.get('device', 'cuda')).startswith('cuda:'):
+        raise UserError(f"gpus={gpus} runs one run per GPU, each seeing only its own as cuda: leave --jobs and "
+                        "--device=cuda:N out")
+    jobs = len(gpu_list)
 if plot and importlib.util.find_spec('matplotlib') is None:
     raise UserError("plot=True needs matplotlib: pip install -r requirements.txt (or --plot=False)")
 for key in PER_RUN:
@@ -260,17 +273,22 @@ def run_status(run):
 
 # ----------------------------------------------------------------------------- training
 lock, procs, stopping = threading.Lock(), {}, threading.Event()  # procs: the running children, for Ctrl-C
+free_gpus = queue.Queue()  # --gpus: the GPUs no run is using; a run takes one and gives it back when it ends
+visible = os.environ.get('CUDA_VISIBLE_DEVICES')  # if the sweep itself sees only some GPUs, its GPU g is the g-th
+for g in gpu_list:
+    free_gpus.put(visible.split(',')[g].strip() if visible else str(g))
 
 def child(run, script, args, log_mode):
     """Exit status of a child writing to <run>/train.log (130: stopping); run['error']: its last line if it failed."""
     cmd = [sys.executable, os.path.join(os.path.dirname(TRAIN_PY), script), *args]
     log_path = os.path.join(run['dir'], 'train.log')
+    gpu = {'CUDA_VISIBLE_DEVICES': run['gpu']} if run.get('gpu') is not None else {}
     with open(log_path, log_mode) as out:
-        print(f"$ {shlex.join(cmd)}", file=out, flush=True)
+        print(f"$ {shlex.join([*(f'{k}={v}' for k, v in gpu.items()), *cmd])}", file=out, flush=True)
         with lock:
             if stopping.is_set():
                 return 130
-            p = procs[run['name']] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+            p = procs[run['name']] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**env, **gpu},
                                                       start_new_session=True)  # Ctrl-C reaches it through us
         code = p.wait()
     with lock:
@@ -282,6 +300,7 @@ def child(run, script, args, log_mode):
 
 def train(run):
     """train.py (resuming from the run's checkpoint if it has one), then on the arithmetic task arithmetic.py."""
+    run['gpu'] = free_gpus.get() if gpu_list else None  # never waits: the pool has a worker per GPU
     try:
         os.makedirs(run['dir'], exist_ok=True)
         code, resume, state_path = 0, run['status'] == 'resume', os.path.join(run['dir'], RUN_STATE)
@@ -301,6 +320,9 @@ def train(run):
     except Exception as e:  # e.g. a full disk: this run failed, the others go on
         run['error'] = f"{type(e).__name__}: {e}"
         return 1
+    finally:
+        if gpu_list:
+            free_gpus.put(run['gpu'])
 
 failed = []  # runs refused or failed in this invocation
 if not report_only:
@@ -326,7 +348,8 @@ if not report_only:
     env = dict(os.environ, OMP_NUM_THREADS=str(n_threads), MKL_NUM_THREADS=str(n_threads), PYTHONUNBUFFERED='1')
     n = {k: sum(r['status'] == k for r in runs) for k in ('done', 'eval', 'resume', 'scratch', 'refused')}
     print(f"sweep: {len(runs)} runs in {out_dir}: {n['done']} already done, {n['eval']} to evaluate, {n['resume']} "
-          f"to resume, {n['scratch']} to start, {n['refused']} refused; {jobs} at a time, {n_threads} threads each")
+          f"to resume, {n['scratch']} to start, {n['refused']} refused; {jobs} at a time, {n_threads} threads each"
+          + (f", one per GPU ({gpus})" if gpu_list else ''))
     # deepest first: the longest runs do not end up alone at the end; a progress bar on a terminal only
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), unit='run', disable=not sys.stderr.isatty())
     pool = ThreadPoolExecutor(max_workers=jobs)

@@ -442,3 +442,74 @@ def test_a_run_without_its_score_is_scored_not_trained_again(arithmetic_swept, r
     with open(os.path.join(again, 'baseline-L2-s0', 'train.log')) as f:
         commands = [os.path.basename(l.split()[2]) for l in f if l.startswith('$ ')]
     assert commands == ['train.py', 'arithmetic.py', 'arithmetic.py']
+
+
+# ----------------------------------------------------------------------------- one run per GPU
+# In place of training, each train.py run records the GPU it sees (CUDA_VISIBLE_DEVICES) and holds a marker file
+# for that GPU for a second: a run started on a GPU in use finds the marker taken and records that it shares it.
+# Then it writes the log of a finished run, as far as the sweep reads it, and exits.
+GPU_GUARD = """
+import json, os, sys, time
+if sys.argv[0].endswith('train.py'):
+    gpu, root = os.environ.get('CUDA_VISIBLE_DEVICES', 'none'), os.environ['GPU_GUARD_DIR']
+    marker = os.path.join(root, 'busy-' + gpu)
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        alone = True
+    except FileExistsError:
+        alone = False
+    with open(os.path.join(root, 'runs'), 'a') as f:
+        print(gpu, 'alone' if alone else 'shared', sum(n.startswith('busy-') for n in os.listdir(root)), file=f)
+    time.sleep(1.0)  # the other runs start meanwhile
+    args = dict(a[2:].split('=', 1) for a in sys.argv[1:] if a.startswith('--') and '=' in a)
+    with open(os.path.join(args['out_dir'], 'log.jsonl'), 'w') as f:
+        for it in (0, int(args['max_iters'])):
+            print(json.dumps({'iter': it, 'tokens': it, 'flops': it, 'val_loss': 1.0}), file=f)
+    if alone:
+        os.remove(marker)
+    os._exit(0)
+"""
+
+
+def test_gpus_one_run_per_gpu_at_a_time(data_dir, tmp_path, monkeypatch):
+    """--gpus=0,1 on a machine whose torch.cuda reports two GPUs (patched), and whose sweep was itself given
+    GPUs 5 and 7 (CUDA_VISIBLE_DEVICES): three runs, two at a time, each on a GPU no other run is using,
+    and each seeing only that GPU (GPU_GUARD runs instead of training)."""
+    (tmp_path / 'patch').mkdir()
+    (tmp_path / 'patch' / 'sitecustomize.py').write_text(GPU_GUARD)
+    guard = tmp_path / 'guard'
+    guard.mkdir()
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    root = str(tmp_path / 'root')
+    code, stdout, stderr = script_here(
+        'sweep.py', '--depths=1', '--variants=baseline', '--seeds=0,1,2', '--gpus=0,1', f'--out_dir={root}', *TINY,
+        f'--data_dir={data_dir}', '--max_iters=1', '--decay_lr=False', '--eval_interval=1', '--eval_iters=1',
+        '--plot=False', env={'PYTHONPATH': f"{tmp_path / 'patch'}{os.pathsep}{REPO}", 'GPU_GUARD_DIR': guard,
+                             'CUDA_VISIBLE_DEVICES': '5,7'})
+    assert code == 0, stderr
+    assert '2 at a time' in stdout and 'one per GPU (0,1)' in stdout
+    runs = [line.split() for line in (guard / 'runs').read_text().splitlines()]
+    assert len(runs) == 3 and {gpu for gpu, _, _ in runs} == {'5', '7'}, runs
+    assert all(alone == 'alone' for _, alone, _ in runs), runs  # never two runs on one GPU
+    assert max(int(n) for _, _, n in runs) == 2, runs  # both GPUs busy at once
+    for s in (0, 1, 2):
+        with open(os.path.join(root, f'baseline-L1-s{s}', 'train.log')) as f:
+            assert re.match(r'\$ CUDA_VISIBLE_DEVICES=[57] ', f.readline())
+
+
+def test_gpus_that_are_not_there_are_refused(data_dir, tmp_path, run_here, monkeypatch):
+    tiny = [*TINY, f'--data_dir={data_dir}', '--depths=1', '--variants=baseline']
+    for k, (gpus, args, message) in enumerate([
+            (0, ['--gpus=0'], "gpus=0: this machine has 0 CUDA GPUs"),
+            (2, ['--gpus=0,2'], "gpus=0,2: this machine has 2 CUDA GPUs"),
+            (2, ['--gpus=0,0'], "gpus='0,0': expected distinct comma-separated integers >= 0"),
+            (2, ['--gpus=0,1', '--jobs=3'], "gpus=0,1 runs one run per GPU"),
+            (2, ['--gpus=0,1', '--device=cuda:1'], "gpus=0,1 runs one run per GPU")]):
+        monkeypatch.setattr(torch.cuda, 'is_available', lambda: gpus > 0)
+        monkeypatch.setattr(torch.cuda, 'device_count', lambda: gpus)
+        root = tmp_path / f'root{k}'
+        with pytest.raises(common.UserError) as e:
+            run_here('sweep.py', f'--out_dir={root}', *tiny, *args)
+        assert str(e.value).startswith(message), (args, str(e.value))
+        assert not root.exists()
