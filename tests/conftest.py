@@ -19,6 +19,7 @@ sys.path.insert(0, REPO)
 torch.set_num_threads(1)
 
 import common  # noqa: E402
+import model  # noqa: E402
 import prepare  # noqa: E402
 
 
@@ -146,7 +147,6 @@ def _module(name):
 
 def process_state():
     """{name: (value, how to set it back)} of everything a test must leave as it found it."""
-    import model
     state = {}
     for name, space in [('torch.cuda', torch.cuda), ('torch.distributed', torch.distributed),
                         ('torch.nn.Module', torch.nn.Module), ('torch.nn.functional', torch.nn.functional),
