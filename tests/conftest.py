@@ -19,6 +19,7 @@ sys.path.insert(0, REPO)
 torch.set_num_threads(1)
 
 import common  # noqa: E402
+import model  # noqa: E402
 import prepare  # noqa: E402
 
 
@@ -121,3 +122,66 @@ def script_here(script, *args, env=None, capture=True):
 def run_here():
     """run_here('prepare.py', *args): script_here for a test, its output left to capsys: the exit status."""
     return lambda script, *args: script_here(script, *args, capture=False)[0]
+
+
+# ----------------------------------------------------------------------------- no test's patch outlives it
+# What a test may change only while it runs (by monkeypatch, or by a script it runs in this process): the
+# functions and classes of the namespaces the tests patch (not dunders: importing torch._dynamo wraps
+# Module.__init__), and the process-wide settings the scripts read or set.
+ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'NANOLIME_DEBUG',
+       'NANOLIME_CHECK_ONLY', 'HF_ENDPOINT', 'HF_HUB_OFFLINE', 'HF_DATASETS_OFFLINE')
+SCRIPTS = ('common', 'model', 'prepare', 'arithmetic', 'train', 'sample', 'bench', 'sweep', 'analyze', 'eval')
+
+
+def _settable(obj, name):
+    return lambda v: setattr(obj, name, v)
+
+
+def _env(k):
+    return lambda v: os.environ.__setitem__(k, v) if v is not None else os.environ.pop(k, None)
+
+
+def _module(name):
+    return lambda v: sys.modules.__setitem__(name, v) if v is not None else sys.modules.pop(name, None)
+
+
+def process_state():
+    """{name: (value, how to set it back)} of everything a test must leave as it found it."""
+    state = {}
+    for name, space in [('torch.cuda', torch.cuda), ('torch.distributed', torch.distributed),
+                        ('torch.nn.Module', torch.nn.Module), ('torch.nn.functional', torch.nn.functional),
+                        ('os', os), ('common', common), ('model', model), ('model.GPT', model.GPT),
+                        ('model.Router', model.Router)]:
+        state.update({f'{name}.{k}': (v, _settable(space, k)) for k, v in vars(space).items()
+                      if callable(v) and not k.startswith('__')})
+    matmul = torch.backends.cuda.matmul
+    state.update({'torch.save': (torch.save, _settable(torch, 'save')),
+                  'sys.excepthook': (sys.excepthook, _settable(sys, 'excepthook')),
+                  'sys.argv': (list(sys.argv), _settable(sys, 'argv')),
+                  'the working directory': (os.getcwd(), os.chdir),
+                  'torch.backends.cuda.matmul': (matmul, _settable(torch.backends.cuda, 'matmul')),
+                  'torch.backends.cuda.matmul.allow_tf32': (matmul.allow_tf32, _settable(matmul, 'allow_tf32')),
+                  'torch.get_num_threads()': (torch.get_num_threads(), torch.set_num_threads)})
+    state.update({f'the {signal.Signals(s).name} handler': (signal.getsignal(s), lambda v, s=s: signal.signal(s, v))
+                  for s in (signal.SIGINT, signal.SIGTERM)})
+    state.update({f'${k}': (os.environ.get(k), _env(k)) for k in ENV})
+    state.update({f'sys.modules[{m!r}]': (sys.modules[m], _module(m)) for m in SCRIPTS if m in sys.modules})
+    return state
+
+
+@pytest.fixture(autouse=True)
+def nothing_leaks():
+    """After each test (after monkeypatch's undoing, which stops at its first step that fails), everything in
+    process_state() is as before it; what is not is set back, so that no later test runs with it, and the test
+    errs naming it."""
+    before = process_state()
+    yield
+    after = process_state()
+    gone = (object(), None)
+    leaked = [k for k, (v, _) in before.items() if not (after.get(k, gone)[0] is v or after.get(k, gone)[0] == v)]
+    for k in leaked:
+        value, set_back = before[k]
+        set_back(value)
+    if leaked:
+        pytest.fail(f"left changed by this test: {', '.join(leaked)}; patch with monkeypatch or set back in a "
+                    "finally (an attribute that delattr cannot remove: patch the object that holds it)")

@@ -11,6 +11,7 @@ import os
 import runpy
 import shutil
 import sys
+import types
 
 import pytest
 import torch
@@ -251,7 +252,11 @@ def test_cuda_setup_reaches_model_placement(gpus, torchrun, want, data_dir, tmp_
                         lambda backend=None, **k: print('init_process_group', backend))
     monkeypatch.setattr(torch.distributed, 'broadcast_object_list', lambda objects, src=0, **k: None)  # rank 0: ok
     monkeypatch.setattr(torch.nn.Module, 'to', to)
-    monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', torch.backends.cuda.matmul.allow_tf32)  # set back
+    # cuBLAS's settings on a stand-in: torch's object answers allow_tf32 from its __getattr__ (nothing in its
+    # __dict__), so monkeypatching the attribute itself is undone by a delattr that fails on pytest >= 9.2 and
+    # stops the undoing of every patch above; the module attribute is undone alike by every pytest
+    matmul = types.SimpleNamespace(allow_tf32=False)
+    monkeypatch.setattr(torch.backends.cuda, 'matmul', matmul)
     if torchrun is not None:
         for k, v in dict(RANK=torchrun, LOCAL_RANK=torchrun, WORLD_SIZE=2, LOCAL_WORLD_SIZE=2).items():
             monkeypatch.setenv(k, str(v))
@@ -261,6 +266,7 @@ def test_cuda_setup_reaches_model_placement(gpus, torchrun, want, data_dir, tmp_
     stdout = capsys.readouterr().out
     assert f'placed on {want}' in stdout and f'set_device {want[-1]}' in stdout
     assert ('init_process_group nccl' in stdout) == (torchrun is not None)
+    assert matmul.allow_tf32 is True  # TF32 matmuls on CUDA, as nanoGPT
 
 
 def test_no_step_outlives_the_next_forward(data_dir, tmp_path, run_here, monkeypatch):
