@@ -346,9 +346,9 @@ def test_fitted_multiplier_recovers_a_known_multiplier(sweep_fns):
         for m, c in [(1.3, 2e12), (0.7, 3e12), (1.0, 1.5e12)]:  # inside the fitted FLOPs: no extrapolation
             mult, beyond = fitted(fit, s, a * (m * c) ** -b, c)
             assert mult == pytest.approx(m, rel=1e-9) and beyond == 1.0
-    # with noise: losses near 2 falling 2.8 % per doubling of compute (b = 0.04, as the deep-narrow runs), and
-    # a loss error of 0.002 per run. An error e moves a multiplier by about e / (b L) = 2.5 %; each seed's
-    # offset averages 3 budgets, so 5 seeds stay within 6 % (about 4 standard errors)
+    # with noise: losses near 2 falling 2.8 % per doubling of compute (b = 0.04, a flat curve, where noise
+    # costs most), and a loss error of 0.002 per run. An error e moves a multiplier by about e / (b L) = 2.5 %;
+    # each seed's offset averages 3 budgets, so 5 seeds stay within 6 % (about 4 standard errors)
     gen, b = torch.Generator().manual_seed(0), 0.04
     level = {s: 2.0 * (1 + 0.01 * s) * 2e12 ** b for s in range(5)}
     noisy = {s: [(c, a * c ** -b + 0.002 * torch.randn(1, generator=gen).item()) for c in budgets]
