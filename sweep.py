@@ -63,10 +63,10 @@ MAY_CHANGE = ('out_dir', 'init_from', 'max_iters', 'lr_decay_iters', 'eval_inter
               'wandb_run_name', 'peak_flops', 'debug')
 
 def int_list(key, text, low):
-    values = [x for x in str(text).replace(' ', '').split(',') if x]
-    if not values or not all(x.isdigit() and int(x) >= low for x in values) or len(set(values)) != len(values):
+    values = [int(x) if x.isdigit() else -1 for x in str(text).replace(' ', '').split(',') if x]
+    if not values or min(values) < low or len(set(values)) < len(values):  # 0 and 00 are one value: one run dir
         raise UserError(f"{key}={text!r}: expected distinct comma-separated integers >= {low}, e.g. --{key}=4,8,16")
-    return [int(x) for x in values]
+    return values
 
 def variant_options(variant):
     """train.py options of a variant name: 'lime', 'lime+hc', 'hc8', 'lime:first-2', 'lime@identity',
@@ -199,6 +199,10 @@ def run_status(run):
     if not os.path.exists(ckpt_path):
         return 'scratch'
     ckpt = load_checkpoint(ckpt_path)
+    if ckpt['iter_num'] > max_iters:  # its evaluation at max_iters is mid-schedule, not the end of a shorter run
+        raise UserError(f"{run['dir']} was trained to iter {ckpt['iter_num']}, past max_iters={max_iters}: its "
+                        f"evaluation at {max_iters} is not that of a {max_iters}-iteration run; rerun with "
+                        f"--max_iters={ckpt['iter_num']} or more, or use another out_dir")
     there, now = ckpt['config'], {**configs[run['variant']], 'n_layer': run['depth'], 'seed': run['seed']}
     diff = [k for k in now if k not in MAY_CHANGE and k in there and there[k] != now[k]]
     if diff:
@@ -212,6 +216,10 @@ def run_status(run):
 
 # ----------------------------------------------------------------------------- training
 lock, procs, stopping = threading.Lock(), {}, threading.Event()  # procs: the running children, for Ctrl-C
+# a run starts through this: it gets SIGTERM (train.py: save and stop) when the sweep dies, even by kill -9 (Linux)
+ORPHAN_GUARD = ("import ctypes, os, signal, sys\ntry:\n    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PDEATHSIG\n"
+                "except (AttributeError, OSError):\n    pass\nif os.getppid() != int(sys.argv[1]):\n    sys.exit(130)\n"
+                "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
 
 def child(run, script, args, log_mode):
     """Exit status of a child writing to <run>/train.log (130: stopping); run['error']: its last line if it failed."""
@@ -222,8 +230,9 @@ def child(run, script, args, log_mode):
         with lock:
             if stopping.is_set():
                 return 130
-            p = procs[run['name']] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                                      start_new_session=True)  # Ctrl-C reaches it through us
+            p = procs[run['name']] = subprocess.Popen(  # Ctrl-C reaches it through us
+                [sys.executable, '-c', ORPHAN_GUARD, str(os.getpid()), *cmd[1:]], stdout=out, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True)
         code = p.wait()
     with lock:
         del procs[run['name']]
@@ -275,6 +284,7 @@ if not report_only:
     # deepest first: the longest runs do not end up alone at the end; a progress bar on a terminal only
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), unit='run', disable=not sys.stderr.isatty())
     pool = ThreadPoolExecutor(max_workers=jobs)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: the runs save a checkpoint, stop
     futures = {pool.submit(train, run): run for run in todo}
     try:
         for k, fut in enumerate(as_completed(futures), 1):
