@@ -379,12 +379,18 @@ def test_kill_between_checkpoint_and_log_loses_no_record(data_dir, tmp_path, run
 FULL_DISK = """
 import torch
 _save = torch.save
-def save(obj, f, *args, **kwargs):  # a checkpoint's bytes go to /dev/full: torch raises its own error (RuntimeError)
+def save(obj, f, *args, **kwargs):  # a checkpoint's bytes go to /dev/full: torch raises its own RuntimeError
     if not str(getattr(f, 'name', '')).endswith('.tmp'):  # not a checkpoint: torch.distributed's objects
         return _save(obj, f, *args, **kwargs)
     f.write(b'the start of a checkpoint')
-    with open('/dev/full', 'wb') as dev:
+    dev = open('/dev/full', 'wb')
+    try:
         _save(obj, dev, *args, **kwargs)
+    finally:
+        try:
+            dev.close()
+        except OSError:
+            pass
 torch.save = save
 """
 

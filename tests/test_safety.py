@@ -242,22 +242,31 @@ def test_a_save_that_fails_keeps_the_previous_checkpoint_and_log(run_copy, data_
 
 
 def save_into_a_full_disk(save):
-    """torch.save as on a full disk: what it writes goes to /dev/full (ENOSPC), so torch raises its own error."""
+    """torch.save as on a full disk: its bytes go to /dev/full (ENOSPC), and torch raises its own RuntimeError
+    ('unexpected pos ...', with the OSError as its context)."""
     def full(obj, f, *args, **kwargs):
         f.write(b'the start of a checkpoint')
-        with open('/dev/full', 'wb') as dev:
+        dev = open('/dev/full', 'wb')
+        try:
             save(obj, dev, *args, **kwargs)
+        finally:
+            try:
+                dev.close()
+            except OSError:  # what is left in its buffer cannot be written either
+                pass
     return full
 
 
 @pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
 def test_a_full_disk_is_the_documented_error_and_leaves_no_temp_file(run_copy, data_dir, monkeypatch, tmp_path):
     """torch.save reports a write that fails as a RuntimeError of its own ('unexpected pos ...'), not an OSError."""
+    with pytest.raises(RuntimeError, match='unexpected pos'):  # the fake is faithful
+        save_into_a_full_disk(torch.save)({'x': torch.zeros(100_000)}, open(os.devnull, 'wb'))
     (tmp_path / 'disk').mkdir()
     path = str(tmp_path / 'disk' / 'ckpt.pt')
     os.symlink('/dev/full', f'{path}.{os.getpid()}.tmp')  # the temp file atomic_save writes: on a full disk
     with pytest.raises(UserError) as e:
-        common.atomic_save({'x': torch.zeros(1000)}, path, then='retry')
+        common.atomic_save({'x': torch.zeros(100_000)}, path, then='retry')  # larger than the file's buffer
     assert str(e.value) == (f"cannot write {path}: no space left on device; the file there, if any, is unchanged: "
                             "free some space (or fix the permissions), then retry")
     assert os.listdir(tmp_path / 'disk') == []
