@@ -1,7 +1,8 @@
 """
-What every nanoLIMe script shares: configuration (config files plus --key=value), one-line errors,
-device and dtype, one process per directory (lock_dir), atomic checkpoint writes, the one checkpoint
-loader, and data: dataset directories, tokenizers, batches. Nothing here imports a script.
+What every nanoLIMe script shares: configuration (config files plus --key=value, --help) and the checks
+of its ranges, one-line errors, device and dtype, one process per directory (lock_dir, claim_out_dir),
+rank 0's verdicts under DDP, atomic checkpoint writes, the one checkpoint loader, and data: dataset
+directories, tokenizers, batches. Nothing here imports a script.
 
     from common import UserError, configure, resolve_device, ...
     out_dir = 'out'            # the script's config globals: its defaults
@@ -157,7 +158,7 @@ def configure(namespace, argv=None, nullable=(), tristate=(), positional=None, e
     return config
 
 
-def check_options(config, at_least_1=(), at_least_0=(), finite=(), positive=(), fraction=(), choices=None):
+def check_ranges(config, at_least_1=(), at_least_0=(), finite=(), positive=(), fraction=(), choices=None):
     """UserError for the first option out of its range: at_least_1 / at_least_0 (ints), finite (>= 0 and not
     inf: 1e999 parses as inf), positive (finite and > 0), fraction (in [0, 1)), choices {key: allowed values}."""
     for low, keys in ((1, at_least_1), (0, at_least_0)):
@@ -432,8 +433,8 @@ def atomic_write(path, write, then="run again"):
             os.remove(tmp)
         except OSError:
             pass
-        cause = e  # torch.save reports a failed write as a RuntimeError of its own, with the OSError as context
-        while cause is not None and not isinstance(cause, OSError):
+        cause = e if isinstance(e, Exception) else None  # torch.save reports a failed write as a RuntimeError
+        while cause is not None and not isinstance(cause, OSError):  # of its own, with the OSError as context
             cause = cause.__cause__ or cause.__context__
         if cause is None:
             raise
@@ -625,8 +626,9 @@ class _NotPlainData(pickle.UnpicklingError):
 class _PlainUnpickler(pickle.Unpickler):
     """Plain data only. A pickle may name any function to be called while it loads (code of whoever wrote the
     file); meta.pkl is a dict of strings and numbers, which needs none, so any other name refuses the file."""
-    PLAIN = {(m, n) for m in ('builtins', '__builtin__') for n in ('dict', 'list', 'tuple', 'set', 'frozenset', 'str',
-                                                                  'int', 'float', 'bool')} | {('collections', 'OrderedDict')}
+    PLAIN = {('collections', 'OrderedDict')} | {(module, name) for module in ('builtins', '__builtin__')  # (<= 2)
+                                                for name in ('dict', 'list', 'tuple', 'set', 'frozenset', 'str', 'int',
+                                                             'float', 'bool')}
 
     def find_class(self, module, name):
         if (module, name) not in self.PLAIN:

@@ -20,7 +20,7 @@ import time
 import dataclasses
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
-from common import UserError, configure, check_options, resolve_device, resolve_dtype, autocast, atomic_save, \
+from common import UserError, configure, check_ranges, resolve_device, resolve_dtype, autocast, atomic_save, \
     atomic_write, load_checkpoint, data_info, get_batch, excepthook, claim_out_dir, check_resume, on_rank_0, \
     check_same_weights, catch_stop_signals, CKPT_NAME, CKPT_MARKER, peak_flops as peak_flops_of
 import numpy as np
@@ -91,11 +91,11 @@ peak_flops = 0.0           # per-device peak FLOP/s for MFU; 0.0: from the GPU's
 config = configure(globals(), nullable=('n_kv_head', 'mlp_hidden'), tristate=('compile',))
 
 # everything that can be checked is checked before any work
-check_options(config, at_least_1=('batch_size', 'total_batch_size', 'block_size', 'eval_interval', 'log_interval',
-                                  'eval_iters'), at_least_0=('max_iters', 'warmup_iters', 'lr_decay_iters', 'seed'),
-              choices={'optimizer': ('adamw', 'muon'), 'init_from': ('scratch', 'resume')},
-              finite=('router_lr', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'),
-              positive=('learning_rate', 'muon_lr'), fraction=('dropout', 'beta1', 'beta2', 'muon_momentum'))
+check_ranges(config, at_least_1=('batch_size', 'total_batch_size', 'block_size', 'eval_interval', 'log_interval',
+                                 'eval_iters'), at_least_0=('max_iters', 'warmup_iters', 'lr_decay_iters', 'seed'),
+             choices={'optimizer': ('adamw', 'muon'), 'init_from': ('scratch', 'resume')},
+             finite=('router_lr', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'),
+             positive=('learning_rate', 'muon_lr'), fraction=('dropout', 'beta1', 'beta2', 'muon_momentum'))
 if decay_lr and lr_decay_iters <= warmup_iters:
     raise UserError(f"lr_decay_iters={lr_decay_iters} must be > warmup_iters={warmup_iters} (or set decay_lr=False)")
 if lime and router == 'average' and router_init == 'identity':

@@ -178,8 +178,8 @@ sys.meta_path.insert(0, CtrlC())
 
 @pytest.mark.parametrize('script', SCRIPTS)
 def test_ctrl_c_while_torch_loads_is_one_line(script):
-    code = f"{CTRL_C_IN_IMPORT}\nimport runpy\nsys.argv[0] = {script!r}\nrunpy.run_path({script!r}, run_name='__main__')\n"
-    p = run([sys.executable, '-c', code])
+    run_script = f"import runpy\nsys.argv[0] = {script!r}\nrunpy.run_path({script!r}, run_name='__main__')\n"
+    p = run([sys.executable, '-c', CTRL_C_IN_IMPORT + run_script])
     assert p.returncode == -signal.SIGINT and p.stdout == ''
     assert p.stderr == "error: interrupted while starting; nothing was done\n"
 

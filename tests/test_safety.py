@@ -178,9 +178,9 @@ def test_overwrite_that_would_train_nothing_is_refused(arg, run_copy, data_dir, 
     with pytest.raises(UserError) as e:
         train(data_dir, run_copy, '--overwrite', arg)
     assert str(e.value) == (f"{run_copy}/ckpt.pt holds a trained model, and --overwrite with this run would only "
-                            "evaluate an untrained one (eval_only=True or max_iters=0): nothing was done, the model and "
-                            "its log are intact; to evaluate it use --init_from=resume --eval_only=True, to replace it "
-                            "train (--max_iters >= 1)")
+                            "evaluate an untrained one (eval_only=True or max_iters=0): nothing was done, the model "
+                            "and its log are intact; to evaluate it use --init_from=resume --eval_only=True, to "
+                            "replace it train (--max_iters >= 1)")
     assert files(run_copy) == before and 'iter 0' not in capsys.readouterr().out
 
 
