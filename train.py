@@ -121,11 +121,11 @@ ckpt = ckpt_log = None
 if init_from == 'resume':
     ckpt = load_checkpoint(ckpt_path, "checkpoint to resume from (init_from='resume')")
     check_resume(ckpt, ckpt_path, dataclasses.asdict(gptconf), config, meta, ddir)
+
+# devices and DDP (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE)
 ddp = int(os.environ.get('RANK', -1)) != -1
 rank = int(os.environ.get('RANK', 0))
 master = rank == 0
-
-# devices and DDP (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE)
 device = resolve_device(device)  # an indexed 'cuda:N' on CUDA: cuda:LOCAL_RANK under torchrun
 device_type = device.split(':')[0]
 ptdtype = resolve_dtype(dtype, device)
