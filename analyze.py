@@ -44,12 +44,12 @@ import os
 import re
 import sys
 
+# common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
+from common import CKPT_NAME, UserError, configure, data_info, load_checkpoint, load_codec, load_model, \
+    prepare_hint, read_log, resolve_device, writable_dir
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from common import CKPT_NAME, UserError, configure, data_info, load_checkpoint, load_codec, load_model, \
-    prepare_hint, read_log, resolve_device, writable_dir
 from model import route_reference
 
 # config: the bare words are the out_dirs, the rest --key=value (or a config file)
@@ -468,7 +468,7 @@ def analyze_run(out_dir, model, ckpt):
 
 if __name__ == '__main__':
     # the bare words are the runs to analyze: python analyze.py out-lime out-base --save_dir=...
-    out_dirs = [a for a in sys.argv[1:] if not a.startswith('--') and not a.endswith('.py')]
+    out_dirs = [a for a in sys.argv[1:] if not a.startswith('-') and not a.endswith('.py')]
     configure(globals(), [a for a in sys.argv[1:] if a not in out_dirs])
     if not out_dirs:
         raise UserError("name the runs to analyze: python analyze.py out-lime out-base [--key=value ...]")

@@ -46,11 +46,11 @@ import random
 import re
 import time
 
-import numpy as np
-import torch
-
+# common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
 from common import ARITHMETIC_TIERS, DATA_DIR, UserError, arithmetic_tiers, atomic_write, configure, dataset_dir, load_codec, \
     load_model, prepare_hint, resolve_device, writable_dir
+import numpy as np
+import torch
 
 # config of the evaluator (python arithmetic.py --key=value); generation and prepare() take arguments
 out_dir = 'out-arithmetic'  # the run to evaluate: <out_dir>/ckpt.pt

@@ -1,7 +1,8 @@
 """
-What every nanoLIMe script shares: configuration (config files plus --key=value), one-line errors,
-device and dtype, one process per directory (lock_dir), atomic checkpoint writes, the one checkpoint
-loader, and data: dataset directories, tokenizers, batches. Nothing here imports a script.
+What every nanoLIMe script shares: configuration (config files plus --key=value, --help) and the checks
+of its ranges, one-line errors, device and dtype, one process per directory (lock_dir, claim_out_dir),
+rank 0's verdicts under DDP, atomic checkpoint writes, the one checkpoint loader, and data: dataset
+directories, tokenizers, batches. Nothing here imports a script.
 
     from common import UserError, configure, resolve_device, ...
     out_dir = 'out'            # the script's config globals: its defaults
@@ -15,14 +16,30 @@ import dataclasses
 import difflib
 import fcntl
 import functools
+import glob
 import json
+import math
 import pickle
 import re
+import signal
 import tempfile
+import textwrap
+import time
 from contextlib import nullcontext
 
-import numpy as np
-import torch
+
+def _interrupted_while_loading(etype, e, tb, hook=sys.excepthook):
+    """Until configure() installs excepthook: Ctrl-C during the seconds the imports below take is one line, not
+    the traceback of torch's import machinery (a script imports common before torch for this)."""
+    if issubclass(etype, KeyboardInterrupt) and os.environ.get('NANOLIME_DEBUG', '') in ('', '0'):
+        print("error: interrupted while starting; nothing was done", file=sys.stderr, flush=True)
+    else:
+        hook(etype, e, tb)
+
+
+sys.excepthook = _interrupted_while_loading
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 CKPT_NAME = 'ckpt.pt'
 CKPT_MARKER = 'nanolime'  # key present in every checkpoint we write (value: format version)
@@ -91,7 +108,8 @@ def configure(namespace, argv=None, nullable=(), tristate=(), positional=None, e
     returns the config dict (saved in checkpoints). Installs the one-line error handler (see excepthook).
     `positional`: the key a bare word (not a .py file) sets, e.g. prepare.py's dataset. `extra`: a dict
     that collects the keys `namespace` does not have instead of refusing them, each as the text of a
-    --key=<text> that gives its value back (sweep.py passes them on to train.py, which checks them)."""
+    --key=<text> that gives its value back (sweep.py passes them on to train.py, which checks them).
+    -h or --help: where the options are and their defaults, then exit."""
     global _debug
     argv = sys.argv[1:] if argv is None else argv
     _debug = os.environ.get('NANOLIME_DEBUG', '') not in ('', '0') or any(
@@ -100,6 +118,9 @@ def configure(namespace, argv=None, nullable=(), tristate=(), positional=None, e
     defaults = {k: v for k, v in namespace.items() if not k.startswith('_') and not k.isupper()
                 and (v is None or isinstance(v, (bool, int, float, str)))}
     defaults.setdefault('debug', False)
+    if '-h' in argv or '--help' in argv:
+        print(usage(namespace, defaults, positional, extra is not None))
+        sys.exit(0)
     config = dict(defaults)
 
     def set_key(key, value, where, raw=None):
@@ -137,6 +158,44 @@ def configure(namespace, argv=None, nullable=(), tristate=(), positional=None, e
     return config
 
 
+def check_ranges(config, at_least_1=(), at_least_0=(), finite=(), positive=(), fraction=(), choices=None):
+    """UserError for the first option out of its range: at_least_1 / at_least_0 (ints), finite (>= 0 and not
+    inf: 1e999 parses as inf), positive (finite and > 0), fraction (in [0, 1)), choices {key: allowed values}."""
+    for low, keys in ((1, at_least_1), (0, at_least_0)):
+        for key in keys:
+            if config[key] < low:
+                raise UserError(f"{key}={config[key]} must be >= {low}")
+    for key, allowed in (choices or {}).items():
+        if config[key] not in allowed:
+            raise UserError(f"{key}={config[key]!r}: expected {', '.join(map(repr, allowed[:-1]))} or {allowed[-1]!r}")
+    for key in (*finite, *positive):
+        if not (math.isfinite(config[key]) and config[key] >= 0):
+            raise UserError(f"{key}={config[key]} must be a finite number >= 0")
+    for key in positive:
+        if config[key] == 0:
+            raise UserError(f"{key}={config[key]} must be > 0")
+    for key in fraction:
+        if not 0.0 <= config[key] < 1.0:
+            raise UserError(f"{key}={config[key]} must be in [0, 1)")
+
+
+def usage(namespace, defaults, positional=None, passes_on=False):
+    """--help: the script's docstring, then where its options are: its globals, config files, --key=value."""
+    script = os.path.basename(namespace.get('__file__') or sys.argv[0])
+    word = f" [{positional.upper()}]" if positional else ""
+    text = (f"The options are the globals at the top of {script}: their defaults, with a comment on each. A config "
+            "file (Python, e.g. one in config/) sets any of them; then --key=value sets one (a bool also as a bare "
+            "--key); later ones win. --debug shows tracebacks instead of one-line errors."
+            + (f" A bare word sets {positional}." if positional else "")
+            + (" Any other --key=value is a train.py option, passed on to every run (python train.py --help lists "
+               "them)." if passes_on else ""))
+    width = max(len(k) for k in defaults)
+    return '\n'.join([(namespace.get('__doc__') or '').strip() + '\n',
+                      f"usage: python {script}{word} [CONFIG.py ...] [--key=value ...]", textwrap.fill(text, 100),
+                      "options and their defaults:", *(f"  {k:<{width}} = {v!r}" for k, v in defaults.items())
+                      ]).lstrip()
+
+
 _debug = False
 
 
@@ -148,22 +207,52 @@ def excepthook(etype, e, tb):
         sys.__excepthook__(etype, e, tb)
         return
     rank = int(os.environ.get('RANK', 0))
+    first = (str(e).strip().splitlines() or [''])[0][:500]
+    ddp = torch.distributed.is_available() and torch.distributed.is_initialized()
     if issubclass(etype, KeyboardInterrupt):
         msg = "interrupted; nothing more was saved (the last checkpoint, if any, is intact)"
     elif issubclass(etype, UserError):
         msg = str(e)
-    elif issubclass(etype, torch.OutOfMemoryError):
-        msg = "out of memory: lower batch_size (train.py then accumulates more micro-steps) or block_size"
+    elif issubclass(etype, (torch.OutOfMemoryError, MemoryError)) or 'DefaultCPUAllocator' in first:  # GPU; CPU
+        msg = ("out of memory: lower batch_size (train.py then accumulates more micro-steps) or block_size; the last "
+               "checkpoint, if any, is intact")
+    elif ddp and (issubclass(etype, torch.distributed.DistError) or re.search('gloo|nccl', first, re.I)):
+        # a collective found a peer gone: it was killed, or stopped with an error of its own, which it reports
+        msg = ("lost the connection to another rank, which stopped (killed, or with an error it reports itself): "
+               "stopping too; the last checkpoint, if any, is intact (rank 0 writes it whole): fix what stopped that "
+               "rank, then continue with --init_from=resume")
     else:
-        first = (str(e).strip().splitlines() or [''])[0][:500]
         msg = f"{etype.__name__}: {first} (rerun with --debug for the traceback)"
     print(f"error: {f'[rank {rank}] ' if rank else ''}{msg}", file=sys.stderr, flush=True)
     status = 130 if issubclass(etype, KeyboardInterrupt) else 1
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if ddp:
         # skip the interpreter's teardown: once a peer has exited, gloo's threads can abort it (SIGABRT, exit
         # status 134) instead of exiting with ours; there is nothing left to save at this point
         os._exit(status)
     sys.exit(status)
+
+
+def catch_stop_signals(announce=True):
+    """From now on the first Ctrl-C (SIGINT) or SIGTERM only asks to stop: its number goes into the list returned,
+    and train.py finishes its iteration, saves a checkpoint and exits. A second Ctrl-C aborts at once. `announce`:
+    print that it was received (rank 0 does)."""
+    received = []  # [(signum, time)]
+
+    def on_signal(signum, frame):
+        if received:
+            # Not a SIGTERM, nor a SIGINT within a second of the first: under torchrun a worker gets the
+            # terminal's SIGINT and torchrun's relayed copy (or a SIGTERM).
+            if signum == signal.SIGINT and time.time() - received[0][1] > 1.0:
+                signal.signal(signum, signal.SIG_DFL)
+                raise KeyboardInterrupt
+            return
+        received.append((signum, time.time()))
+        if announce:
+            print(f"\n{signal.Signals(signum).name} received: finishing this iteration, saving a checkpoint, then "
+                  "exiting (Ctrl-C again to abort without saving)", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return received
 
 
 # ----------------------------------------------------------------------------- device and dtype
@@ -253,6 +342,80 @@ def lock_dir(path, what):
     _locks[path] = fd
 
 
+def claim_out_dir(out_dir, init_from, overwrite, trains):
+    """Make out_dir train.py's alone, before any work: writable (checked now, not at the first save), locked until
+    this process ends (a second run into it stops here), a trained model in it replaced only when asked to and only
+    by a run that trains (`trains`), and the temp files of a killed run's writes removed. UserError if not."""
+    writable_dir(out_dir, 'out_dir')
+    lock_dir(out_dir, 'out_dir')
+    ckpt_path = os.path.join(out_dir, CKPT_NAME)
+    if init_from == 'scratch' and os.path.exists(ckpt_path) and not overwrite:
+        raise UserError(f"{ckpt_path} holds a trained model: continue it with --init_from=resume, train into "
+                        "another --out_dir, or replace it with --overwrite")
+    if init_from == 'scratch' and os.path.exists(ckpt_path) and not trains:  # its log would be a new model's
+        raise UserError(f"{ckpt_path} holds a trained model, and --overwrite with this run would only evaluate an "
+                        "untrained one (eval_only=True or max_iters=0): nothing was done, the model and its log are "
+                        "intact; to evaluate it use --init_from=resume --eval_only=True, to replace it train "
+                        "(--max_iters >= 1)")
+    for tmp in glob.glob(os.path.join(glob.escape(out_dir), '*.tmp')):  # of a killed run's writes: ours now
+        if os.path.basename(tmp).startswith((CKPT_NAME, 'log.jsonl')):
+            os.remove(tmp)
+
+
+def check_resume(ckpt, path, model_args, config, meta, ddir):
+    """UserError unless a run of `config` (its model: `model_args`, its dataset: `meta` in `ddir`) can continue
+    checkpoint `ckpt` (at `path`): the same model (dropout and the router init may change), optimizer and
+    vocabulary (the ids' meaning, not only their number)."""
+    theirs = ckpt['model_args']
+    diff = [k for k in sorted(set(model_args) | set(theirs))
+            if k not in ('dropout', 'router_init') and model_args.get(k) != theirs.get(k)]
+    if diff:
+        what = ', '.join(f"{k}: {theirs.get(k)!r} in the checkpoint, {model_args.get(k)!r} now" for k in diff)
+        raise UserError(f"cannot resume from {path}: the model differs ({what}); "
+                        "use the checkpoint's settings or another out_dir")
+    if ckpt['config'].get('optimizer', 'adamw') != config['optimizer']:
+        raise UserError(f"cannot resume from {path}: it was trained with optimizer="
+                        f"{ckpt['config'].get('optimizer', 'adamw')!r}, this run asks for {config['optimizer']!r}; "
+                        "use the checkpoint's optimizer or another out_dir")
+    vocab = [{k: m.get(k) for k in ('kind', 'encoding', 'stoi')} for m in (ckpt.get('meta') or meta, meta)]
+    if vocab[0] != vocab[1]:
+        raise UserError(f"cannot resume from {path}: it was trained on dataset {ckpt['config'].get('dataset')!r}, "
+                        f"whose vocabulary differs from that of {os.path.join(ddir, 'meta.pkl')} (same size, other "
+                        "tokens); resume on the checkpoint's dataset and data_dir, or train into another out_dir")
+
+
+def on_rank_0(work, *args, error_prefix=''):
+    """work(*args) on rank 0 only (RANK as torchrun sets it), and its UserError, if any, raised on every rank (under
+    DDP all of them call this at the same point): they all stop together, none waits in a collective for the others."""
+    error = None
+    if int(os.environ.get('RANK', 0)) == 0:
+        try:
+            work(*args)
+        except UserError as e:
+            error = error_prefix + str(e)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        box = [error]
+        torch.distributed.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error:
+        raise UserError(error)
+
+
+def check_same_weights(model):
+    """DDP: UserError unless every rank holds rank 0's parameters, bit for bit (what DDP promises)."""
+    dist = torch.distributed
+    differ = torch.zeros((), dtype=torch.long, device=next(model.parameters()).device)  # tensors unlike rank 0's
+    for p in model.parameters():
+        p0 = p.detach().clone()
+        dist.broadcast(p0, 0)
+        differ += not torch.equal(p0, p.detach())
+    dist.all_reduce(differ)
+    if differ.item():
+        raise UserError(f"DDP ranks diverged: {differ.item()} parameter tensors differ from rank 0's")
+    if dist.get_rank() == 0:
+        print(f"ddp: weights identical on all {dist.get_world_size()} ranks")
+
+
 def atomic_write(path, write, then="run again"):
     """write(f) into a temp file in the same directory (its name unique to this process), fsync, then os.replace:
     a crash, a kill or a full disk at any point leaves either the old or the new file at `path`, never a partial
@@ -265,12 +428,17 @@ def atomic_write(path, write, then="run again"):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:  # whatever stops the write (Ctrl-C too), its temp file goes
         try:
             os.remove(tmp)
         except OSError:
             pass
-        raise UserError(f"cannot write {path}: {(e.strerror or str(e)).lower()}; the file there, if any, is "
+        cause = e if isinstance(e, Exception) else None  # torch.save reports a failed write as a RuntimeError
+        while cause is not None and not isinstance(cause, OSError):  # of its own, with the OSError as context
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        raise UserError(f"cannot write {path}: {(cause.strerror or str(cause)).lower()}; the file there, if any, is "
                         f"unchanged: free some space (or fix the permissions), then {then}") from None
     try:  # make the rename itself durable
         fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
@@ -316,14 +484,17 @@ def load_checkpoint(path, what="checkpoint"):
 def read_log(out_dir):
     """The records of out_dir/log.jsonl that train.py writes, one dict per logged iteration (a line a crash
     cut short is skipped); [] if there is none."""
-    records = []
-    if os.path.isfile(os.path.join(out_dir, 'log.jsonl')):
-        with open(os.path.join(out_dir, 'log.jsonl')) as f:
-            for line in f:
+    records, path = [], os.path.join(out_dir, 'log.jsonl')
+    if os.path.isfile(path):
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
                 try:
                     records.append(json.loads(line))
                 except ValueError:
-                    pass
+                    continue
+                if not isinstance(records[-1], dict) or not isinstance(records[-1].get('iter'), int):
+                    raise UserError(f"{path}, line {n}: not a record of train.py ({line.strip()[:60]!r}; each line "
+                                    "is a JSON object with its 'iter'): delete that line, or restore the file")
     return records
 
 
@@ -448,22 +619,45 @@ def prepare_hint(dataset, data_dir='', force=False):
     return f"rebuild it: {cmd}" if force else f"run: {cmd}"
 
 
+class _NotPlainData(pickle.UnpicklingError):
+    pass
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Plain data only. A pickle may name any function to be called while it loads (code of whoever wrote the
+    file); meta.pkl is a dict of strings and numbers, which needs none, so any other name refuses the file."""
+    PLAIN = {('collections', 'OrderedDict')} | {(module, name) for module in ('builtins', '__builtin__')  # (<= 2)
+                                                for name in ('dict', 'list', 'tuple', 'set', 'frozenset', 'str', 'int',
+                                                             'float', 'bool')}
+
+    def find_class(self, module, name):
+        if (module, name) not in self.PLAIN:
+            raise _NotPlainData(f"{module}.{name}")
+        return super().find_class(module, name)
+
+
 def read_meta(ddir, dataset, data_dir=''):
-    """The dict in <ddir>/meta.pkl; UserError naming it corrupt, with the command that rebuilds it."""
+    """The dict in <ddir>/meta.pkl, read as plain data (no code in it runs); UserError naming it corrupt, or not
+    plain data, with the command that rebuilds it."""
     path = os.path.join(ddir, 'meta.pkl')
     try:
         with open(path, 'rb') as f:
-            meta = pickle.load(f)
+            meta = _PlainUnpickler(f).load()
         if not 1 <= int(meta['vocab_size']) <= 2 ** 16:  # token ids are stored as uint16
             raise ValueError(f"vocab_size={meta['vocab_size']}")
+    except _NotPlainData as e:
+        raise UserError(f"{path} is not plain data: reading it would call {e}, so it was not read (it may run its "
+                        f"author's code); {prepare_hint(dataset, data_dir, force=True)}, or ask where it came from") \
+            from None
     except Exception as e:  # anything unpickling garbage raises
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise UserError(f"{path} is corrupt ({first}); {prepare_hint(dataset, data_dir, force=True)}") from None
     return meta
 
 
-def data_info(dataset, data_dir=''):
-    """(directory, meta, {split: tokens}) of a prepared dataset; UserError with the command to prepare it."""
+def data_info(dataset, data_dir='', block_size=None):
+    """(directory, meta, {split: tokens}) of a prepared dataset; UserError with the command to prepare it, or if a
+    split has no more than `block_size` tokens."""
     if not dataset:
         raise UserError(f"dataset is empty: name one ({', '.join(DATASETS)})")
     ddir = dataset_dir(dataset, data_dir)
@@ -483,6 +677,9 @@ def data_info(dataset, data_dir=''):
             what = 'empty' if nbytes == 0 else f'{nbytes} bytes, an odd size: cut short'
             raise UserError(f"{path} is corrupt ({what}); {prepare_hint(dataset, data_dir, force=True)}")
         sizes[split] = nbytes // 2
+        if block_size is not None and sizes[split] <= block_size:
+            raise UserError(f"block_size={block_size} is too large for dataset '{dataset}': its {split} split "
+                            f"has only {sizes[split]} tokens (needs more than block_size)")
     return ddir, meta, sizes
 
 

@@ -23,11 +23,11 @@ import socket
 import difflib
 from urllib.parse import urlparse
 
-import torch
-import torch.nn.functional as F
-
+# common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
 from common import UserError, configure, resolve_device, resolve_dtype, autocast, load_model, load_codec, \
     atomic_write, writable_dir, CKPT_NAME
+import torch
+import torch.nn.functional as F
 
 # -----------------------------------------------------------------------------
 out_dir = 'out-fineweb-edu-1b'  # where ckpt.pt is (or the path of a .pt file)

@@ -11,9 +11,9 @@ training data's vocabulary (kept in the checkpoint); checkpoints made on a GPU l
 import os
 import math
 
-import torch
-
+# common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
 from common import UserError, configure, resolve_device, resolve_dtype, autocast, load_model, load_codec
+import torch
 
 # -----------------------------------------------------------------------------
 out_dir = 'out-shakespeare-char'  # where ckpt.pt is

@@ -73,10 +73,10 @@ MAY_CHANGE = ('out_dir', 'init_from', 'max_iters', 'lr_decay_iters', 'eval_inter
               'wandb_run_name', 'peak_flops', 'debug')
 
 def int_list(key, text, low):
-    values = [x for x in str(text).replace(' ', '').split(',') if x]
-    if not values or not all(x.isdigit() and int(x) >= low for x in values) or len(set(values)) != len(values):
+    values = [int(x) if x.isdigit() else -1 for x in str(text).replace(' ', '').split(',') if x]
+    if not values or min(values) < low or len(set(values)) < len(values):  # 0 and 00 are one value: one run dir
         raise UserError(f"{key}={text!r}: expected distinct comma-separated integers >= {low}, e.g. --{key}=4,8,16")
-    return [int(x) for x in values]
+    return values
 
 def variant_options(variant):
     """train.py options of a variant name: 'lime', 'lime+hc', 'hc8', 'lime:first-2', 'lime@identity',
@@ -260,6 +260,11 @@ def run_status(run):
     if not os.path.exists(ckpt_path):
         return 'scratch'
     ckpt = load_checkpoint(ckpt_path)
+    iters = iters_of(run)
+    if ckpt['iter_num'] > iters:  # its evaluation at `iters` is mid-schedule, not the end of a shorter run
+        raise UserError(f"{run['dir']} was trained to iter {ckpt['iter_num']}, past max_iters={iters}: its "
+                        f"evaluation at {iters} is not that of a {iters}-iteration run; rerun with "
+                        f"--max_iters={ckpt['iter_num']} or more, or use another out_dir")
     there, now = ckpt['config'], {**configs[run['variant']], 'n_layer': run['depth'], 'seed': run['seed']}
     diff = [k for k in now if k not in MAY_CHANGE and k in there and there[k] != now[k]]
     if diff:
@@ -267,7 +272,7 @@ def run_status(run):
         raise UserError(f"{run['dir']} was trained with other options ({what}); "
                         "use another out_dir for this sweep, or delete that run")
     state = read_json(os.path.join(run['dir'], RUN_STATE))
-    if state.get('status') != 'done' or state.get('max_iters') != iters_of(run):
+    if state.get('status') != 'done' or state.get('max_iters') != iters:
         return 'resume'  # also a run finished outside the sweep: train.py then has nothing to do
     return 'eval' if arithmetic and scores(run['dir']) is None else 'done'
 
@@ -277,6 +282,10 @@ free_gpus = queue.Queue()  # --gpus: the GPUs no run is using; a run takes one a
 visible = os.environ.get('CUDA_VISIBLE_DEVICES')  # if the sweep itself sees only some GPUs, its GPU g is the g-th
 for g in gpu_list:
     free_gpus.put(visible.split(',')[g].strip() if visible else str(g))
+# a run starts through this: it gets SIGTERM (train.py: save and stop) when the sweep dies, even by kill -9 (Linux)
+ORPHAN_GUARD = ("import ctypes, os, signal, sys\ntry:\n    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PDEATHSIG\n"
+                "except (AttributeError, OSError):\n    pass\nif os.getppid() != int(sys.argv[1]):\n    sys.exit(130)\n"
+                "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
 
 def child(run, script, args, log_mode):
     """Exit status of a child writing to <run>/train.log (130: stopping); run['error']: its last line if it failed."""
@@ -288,8 +297,9 @@ def child(run, script, args, log_mode):
         with lock:
             if stopping.is_set():
                 return 130
-            p = procs[run['name']] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**env, **gpu},
-                                                      start_new_session=True)  # Ctrl-C reaches it through us
+            p = procs[run['name']] = subprocess.Popen(  # Ctrl-C reaches it through us
+                [sys.executable, '-c', ORPHAN_GUARD, str(os.getpid()), *cmd[1:]], stdout=out, stderr=subprocess.STDOUT,
+                env={**env, **gpu}, start_new_session=True)
         code = p.wait()
     with lock:
         del procs[run['name']]
@@ -353,6 +363,7 @@ if not report_only:
     # deepest first: the longest runs do not end up alone at the end; a progress bar on a terminal only
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), unit='run', disable=not sys.stderr.isatty())
     pool = ThreadPoolExecutor(max_workers=jobs)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: the runs save a checkpoint, stop
     futures = {pool.submit(train, run): run for run in todo}
     try:
         for k, fut in enumerate(as_completed(futures), 1):

@@ -5,7 +5,7 @@ $ python prepare.py && python train.py               # small LIMe on shakespeare
 $ python train.py config/train_shakespeare_char.py --lime=False --out_dir=out-baseline
 $ torchrun --standalone --nproc_per_node=8 train.py config/train_fineweb_edu_1b.py
 
-The globals below are the defaults; a config/*.py file overrides them, then --key=value does (common.py).
+The globals below are the defaults; a config/*.py file overrides them, then --key=value does; --help lists them.
 Iterations are numbered 1..max_iters (0 is the initial model, evaluated only). init_from='resume' continues
 from the checkpoint exactly: N iterations in one run and N/2 + a resumed N/2 give bit-identical weights.
 Ctrl-C (or SIGTERM) finishes the iteration, saves a checkpoint and exits.
@@ -13,22 +13,20 @@ Ctrl-C (or SIGTERM) finishes the iteration, saves a checkpoint and exits.
 import os
 import sys
 import gc
-import glob
 import json
 import importlib.util
 import math
 import time
-import signal
 import dataclasses
 
+# common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
+from common import UserError, configure, check_ranges, resolve_device, resolve_dtype, autocast, atomic_save, \
+    atomic_write, load_checkpoint, data_info, get_batch, excepthook, claim_out_dir, check_resume, on_rank_0, \
+    check_same_weights, catch_stop_signals, CKPT_NAME, CKPT_MARKER, peak_flops as peak_flops_of
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-from common import UserError, configure, resolve_device, resolve_dtype, autocast, atomic_save, atomic_write, \
-    load_checkpoint, data_info, get_batch, excepthook, writable_dir, lock_dir, CKPT_NAME, CKPT_MARKER, \
-    peak_flops as peak_flops_of
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -95,27 +93,16 @@ peak_flops = 0.0           # per-device peak FLOP/s for MFU; 0.0: from the GPU's
 config = configure(globals(), nullable=('n_kv_head', 'mlp_hidden'), tristate=('compile',))
 
 # everything that can be checked is checked before any work
-for key in ('batch_size', 'total_batch_size', 'block_size', 'eval_interval', 'log_interval', 'eval_iters'):
-    if config[key] < 1:
-        raise UserError(f"{key}={config[key]} must be >= 1")
-for key in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'seed'):
-    if config[key] < 0:
-        raise UserError(f"{key}={config[key]} must be >= 0")
-if optimizer not in ('adamw', 'muon'):
-    raise UserError(f"optimizer={optimizer!r}: expected 'adamw' or 'muon'")
-if init_from not in ('scratch', 'resume'):
-    raise UserError(f"init_from={init_from!r}: expected 'scratch' or 'resume'")
-for key in ('learning_rate', 'router_lr', 'muon_lr', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'):
-    if not (math.isfinite(config[key]) and config[key] >= 0):  # 1e999 parses as inf
-        raise UserError(f"{key}={config[key]} must be a finite number >= 0")
-for key in ('learning_rate', 'muon_lr'):
-    if config[key] == 0:
-        raise UserError(f"{key}={config[key]} must be > 0")
-for key in ('dropout', 'beta1', 'beta2', 'muon_momentum'):
-    if not 0.0 <= config[key] < 1.0:
-        raise UserError(f"{key}={config[key]} must be in [0, 1)")
+check_ranges(config, at_least_1=('batch_size', 'total_batch_size', 'block_size', 'eval_interval', 'log_interval',
+                                 'eval_iters'), at_least_0=('max_iters', 'warmup_iters', 'lr_decay_iters', 'seed'),
+             choices={'optimizer': ('adamw', 'muon'), 'init_from': ('scratch', 'resume')},
+             finite=('router_lr', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'),
+             positive=('learning_rate', 'muon_lr'), fraction=('dropout', 'beta1', 'beta2', 'muon_momentum'))
 if decay_lr and lr_decay_iters <= warmup_iters:
     raise UserError(f"lr_decay_iters={lr_decay_iters} must be > warmup_iters={warmup_iters} (or set decay_lr=False)")
+if lime and router == 'average' and router_init == 'identity':
+    raise UserError("router_init='identity' has nothing to initialize with router='average' (fixed weights): use "
+                    "router_init='paper' with it, or another router")
 if wandb_log and importlib.util.find_spec('wandb') is None:
     raise UserError("wandb_log=True but wandb is not installed: pip install wandb (or --wandb_log=False)")
 world_size = int(os.environ.get('WORLD_SIZE', 1))
@@ -125,63 +112,22 @@ if total_batch_size % tokens_per_micro_step:
                     f"= {batch_size} * {block_size} * {world_size} = {tokens_per_micro_step}; set it to a multiple "
                     f"of {tokens_per_micro_step} (it is the global batch in tokens), or change batch_size")
 grad_accum = total_batch_size // tokens_per_micro_step
-ddir, meta, sizes = data_info(dataset, data_dir)
-for split, n in sizes.items():
-    if n <= block_size:
-        raise UserError(f"block_size={block_size} is too large for dataset '{dataset}': its {split} split "
-                        f"has only {n} tokens (needs more than block_size)")
-model_args = {k: config[k] for k in ('block_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden',
-                                     'dropout', 'lime', 'router', 'router_init', 'hc', 'hc_dynamic', 'mhc',
-                                     'value_residual', 'denseformer', 'attnres')}
+ddir, meta, sizes = data_info(dataset, data_dir, block_size)
+model_args = {f.name: config[f.name] for f in dataclasses.fields(GPTConfig) if f.name in config}
 try:  # shapes and the router variant
     gptconf = GPTConfig(vocab_size=int(meta['vocab_size']), **model_args)
 except ValueError as e:
     raise UserError(f"invalid model config: {e}") from None
 ckpt_path = os.path.join(out_dir, CKPT_NAME)
-ckpt = None
+ckpt = ckpt_log = None
 if init_from == 'resume':
     ckpt = load_checkpoint(ckpt_path, "checkpoint to resume from (init_from='resume')")
-    ours, theirs = dataclasses.asdict(gptconf), ckpt['model_args']
-    diff = [k for k in sorted(set(ours) | set(theirs))  # dropout and the init may change on resume
-            if k not in ('dropout', 'router_init') and ours.get(k) != theirs.get(k)]
-    if diff:
-        what = ', '.join(f"{k}: {theirs.get(k)!r} in the checkpoint, {ours.get(k)!r} now" for k in diff)
-        raise UserError(f"cannot resume from {ckpt_path}: the model differs ({what}); "
-                        "use the checkpoint's settings or another out_dir")
-    if ckpt['config'].get('optimizer', 'adamw') != optimizer:
-        raise UserError(f"cannot resume from {ckpt_path}: it was trained with optimizer="
-                        f"{ckpt['config'].get('optimizer', 'adamw')!r}, this run asks for {optimizer!r}; "
-                        "use the checkpoint's optimizer or another out_dir")
-# out_dir is this run's alone: writable (checked now, not at the first save), locked until this process ends (a
-# second run into it stops here), and a trained model in it is replaced only when asked to. Rank 0 checks; under
-# DDP its verdict reaches every rank once they are connected (below), so that all of them stop together.
+    check_resume(ckpt, ckpt_path, dataclasses.asdict(gptconf), config, meta, ddir)
+
+# devices and DDP (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE)
 ddp = int(os.environ.get('RANK', -1)) != -1
 rank = int(os.environ.get('RANK', 0))
 master = rank == 0
-out_dir_error = None
-if master:
-    try:
-        writable_dir(out_dir, 'out_dir')
-        lock_dir(out_dir, 'out_dir')
-        if init_from == 'scratch' and os.path.exists(ckpt_path) and not overwrite:
-            raise UserError(f"{ckpt_path} holds a trained model: continue it with --init_from=resume, train into "
-                            "another --out_dir, or replace it with --overwrite")
-        for tmp in glob.glob(os.path.join(glob.escape(out_dir), '*.tmp')):  # of a killed run's writes: ours now
-            if os.path.basename(tmp).startswith((CKPT_NAME, 'log.jsonl')):
-                os.remove(tmp)
-    except UserError as e:
-        out_dir_error = str(e)
-
-def raise_on_every_rank(error):
-    """Rank 0's error (a message, or None) raised on every rank: they all stop together, none waits for the others."""
-    if ddp:
-        box = [error]
-        dist.broadcast_object_list(box, src=0)
-        error = box[0]
-    if error:
-        raise UserError(error)
-
-# devices and DDP (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE)
 device = resolve_device(device)  # an indexed 'cuda:N' on CUDA: cuda:LOCAL_RANK under torchrun
 device_type = device.split(':')[0]
 ptdtype = resolve_dtype(dtype, device)
@@ -198,7 +144,8 @@ if ddp:
         raise UserError("DDP (torchrun) is not supported on MPS; use --device=cpu")
     dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
     sys.excepthook = excepthook  # init_process_group wraps it, and the wrapper loses our one-line errors
-raise_on_every_rank(out_dir_error)
+# out_dir is this run's alone (common.claim_out_dir): rank 0 claims it, and its verdict reaches every rank
+on_rank_0(claim_out_dir, out_dir, init_from, overwrite, max_iters > 0 and not eval_only)
 if master:
     print(f"global batch: {batch_size} seqs x {block_size} tokens x {grad_accum} accumulation steps x "
           f"{world_size} ranks = {total_batch_size:,} tokens/iter")
@@ -236,7 +183,7 @@ if ckpt is not None:
                   "the data order is not resumed exactly")
     if master:
         print(f"resuming from {ckpt_path} at iter {iter_num + 1} (best val loss {best_val_loss:.4f})")
-    ckpt = None  # free the memory-mapped file
+    ckpt_log, ckpt = ckpt.get('log'), None  # its copy of the log (older checkpoints: None); free the mapped file
 flops_per_token = model.flops_per_token(block_size)
 if master:
     print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, "
@@ -297,10 +244,23 @@ def log(record):
             wandb.log(record, step=record['iter'])
 
 def write_log(then):
-    """log.jsonl replaced whole (atomically): the log up to the checkpoint this run started from, then its records."""
+    """log.jsonl replaced whole (atomically) if it changed: the log up to the checkpoint this run started from, then
+    its records."""
     global log_changed
-    atomic_write(log_path, lambda f: f.write(''.join(log_lines).encode()), then)
+    if log_changed:
+        atomic_write(log_path, lambda f: f.write(''.join(log_lines).encode()), then)
     log_changed = False
+
+def save_checkpoint(rng_states):
+    """ckpt.pt, then log.jsonl, each replaced atomically. The checkpoint holds its log too: after a kill between the
+    two writes, the run that resumes it writes the records the file lacks."""
+    atomic_save({CKPT_MARKER: 1, 'model': raw_model.state_dict(), 'optimizer': [o.state_dict() for o in optimizers],
+                 'scaler': scaler.state_dict() if scaler.is_enabled() else None, 'config': config, 'meta': meta,
+                 'model_args': dataclasses.asdict(gptconf), 'iter_num': iter_num, 'best_val_loss': best_val_loss,
+                 'rng': rng_states, 'tokens': tokens_seen, 'flops': flops_seen, 'world_size': world_size,
+                 'log': log_lines}, ckpt_path, resume_hint())
+    write_log(resume_hint())
+    print(f"saved checkpoint to {ckpt_path} (iter {iter_num})")
 
 def logged_iter(line):
     """The iteration of a log line; inf for a line cut short by a crash, or anything else that is not a record."""
@@ -319,21 +279,6 @@ def stopped(reason):
             else f"no checkpoint was written by this run ({ckpt_path}, if any, is unchanged)")
     return f"{reason}: training stopped; {kept}. Try a lower learning_rate, grad_clip, or dtype='float32'"
 
-def on_signal(signum, frame):
-    """Ctrl-C / SIGTERM: finish this iteration, save, exit; a second Ctrl-C aborts at once."""
-    global stop_signal, stop_time
-    if stop_signal is not None:
-        # Not a SIGTERM, nor a SIGINT within a second of the first: under torchrun a worker gets the
-        # terminal's SIGINT and torchrun's relayed copy (or a SIGTERM).
-        if signum == signal.SIGINT and time.time() - stop_time > 1.0:
-            signal.signal(signum, signal.SIG_DFL)
-            raise KeyboardInterrupt
-        return
-    stop_signal, stop_time = signum, time.time()
-    if master:
-        print(f"\n{signal.Signals(signum).name} received: finishing this iteration, saving a checkpoint, then "
-              "exiting (Ctrl-C again to abort without saving)", file=sys.stderr, flush=True)
-
 # log.jsonl: the records of the training that led to the checkpoint. A resumed run keeps the lines up to its
 # checkpoint and adds its own. The file is replaced with every checkpoint and at the end, and not in between: a run
 # that fails or is killed leaves it as it was (its progress is on stdout); so does a run that logs nothing.
@@ -342,12 +287,12 @@ log_lines, log_changed = [], False
 if master and init_from == 'resume' and os.path.exists(log_path):
     with open(log_path) as f:
         log_lines = [line for line in f if logged_iter(line) <= iter_num]
+if master and ckpt_log is not None and ckpt_log != log_lines:  # killed between the checkpoint's write and the log's:
+    log_lines, log_changed = ckpt_log, True  # the checkpoint's copy has the records the file lacks
 if wandb_log and master:
     import wandb
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
-stop_signal, stop_time, stop_now, last_saved = None, 0.0, False, None
-signal.signal(signal.SIGINT, on_signal)
-signal.signal(signal.SIGTERM, on_signal)
+stop_request, stop_now, last_saved = catch_stop_signals(announce=master), False, None  # Ctrl-C, SIGTERM
 
 # ----------------------------------------------------------------------------- the training loop
 t_start = time.time()
@@ -384,7 +329,7 @@ while iter_num < max_iters and not eval_only:
     scaler.update()
     model.zero_grad(set_to_none=True)
     # one sync per iteration: the loss (mean over ranks) and whether any rank was signalled
-    stats = torch.stack([loss_sum, torch.tensor(float(stop_signal is not None), device=device)])
+    stats = torch.stack([loss_sum, torch.tensor(float(bool(stop_request)), device=device)])
     if ddp:
         dist.all_reduce(stats)
     lossf, stop_now = stats[0].item() / world_size, stats[1].item() > 0
@@ -423,19 +368,8 @@ while iter_num < max_iters and not eval_only:
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         if finite.item() < 1:
             raise UserError(stopped(f"the weights are not finite at iter {iter_num}"))
-        save_error, then = None, resume_hint()
-        if master:
-            try:  # a full disk, say: then the files there stay as they were, and every rank stops
-                atomic_save({CKPT_MARKER: 1, 'model': raw_model.state_dict(), 'optimizer': [opt.state_dict() for opt in optimizers],
-                             'scaler': scaler.state_dict() if scaler.is_enabled() else None,
-                             'model_args': dataclasses.asdict(gptconf), 'iter_num': iter_num,
-                             'best_val_loss': best_val_loss, 'config': config, 'meta': meta, 'rng': rng_states,
-                             'tokens': tokens_seen, 'flops': flops_seen, 'world_size': world_size}, ckpt_path, then)
-                write_log(then)
-                print(f"saved checkpoint to {ckpt_path} (iter {iter_num})")
-            except UserError as e:
-                save_error = f"training stopped at iter {iter_num}: {e}"
-        raise_on_every_rank(save_error)
+        # a full disk, say: then the files there stay as they were, and every rank stops
+        on_rank_0(save_checkpoint, rng_states, error_prefix=f"training stopped at iter {iter_num}: ")
         last_saved = iter_num
     if stop_now:
         if master:
@@ -443,26 +377,11 @@ while iter_num < max_iters and not eval_only:
                   "continue with --init_from=resume", flush=True)
         break
 
-log_error = None
-if master and log_changed:  # records since the last checkpoint (eval_only, always_save_checkpoint=False)
-    try:
-        write_log(resume_hint())
-    except UserError as e:
-        log_error = str(e)
-raise_on_every_rank(log_error)
+on_rank_0(write_log, resume_hint())  # records since the last checkpoint (eval_only, always_save_checkpoint=False)
 if master and not stop_now and not eval_only:
     print(f"done: {iter_num} iters in {time.time() - t_start:.1f} s, best val loss {best_val_loss:.4f}")
-if ddp:  # every rank must end with rank 0's weights, bit for bit
-    differ = torch.zeros((), dtype=torch.long, device=device)  # parameter tensors that differ from rank 0's
-    for p in raw_model.parameters():
-        p0 = p.detach().clone()
-        dist.broadcast(p0, 0)
-        differ += not torch.equal(p0, p.detach())
-    dist.all_reduce(differ)
-    if differ.item():
-        raise UserError(f"DDP ranks diverged: {differ.item()} parameter tensors differ from rank 0's")
-    if master:
-        print(f"ddp: weights identical on all {world_size} ranks")
+if ddp:
+    check_same_weights(raw_model)
     model = None  # free DDP (its reducer) before the process group: the other order can hang
     gc.collect()
     dist.destroy_process_group()

@@ -10,6 +10,7 @@ checks the UserError each raises, which common.excepthook prints as that one lin
 import contextlib
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,6 +70,8 @@ def trained(data_dir, tmp_path_factory):
     (['--n_head=4', '--n_kv_head=3'], ['n_head=4 must be divisible by n_kv_head=3']),
     (['--n_embd=12', '--n_head=4'], ['must be even for RoPE']),
     (['--router=last-x'], ["unknown router 'last-x'", 'first-<j>']),
+    (['--router=average', '--router_init=identity'],
+     ["router_init='identity' has nothing to initialize with router='average' (fixed weights)"]),
     (['--batch_size=0'], ['batch_size=0 must be >= 1']),
     (['--total_batch_size=0'], ['total_batch_size=0 must be >= 1']),
     (['--batch_size=8', '--block_size=32', '--total_batch_size=1000'],
@@ -146,6 +149,56 @@ def test_debug_shows_the_traceback(data_dir, monkeypatch, capsys):
         with pytest.raises(SystemExit) if not debug else contextlib.nullcontext():
             common.excepthook(common.UserError, err, err.__traceback__)
         assert ('Traceback' in capsys.readouterr().err) == bool(debug)
+
+
+SCRIPTS = ['train.py', 'sample.py', 'prepare.py', 'sweep.py', 'analyze.py', 'bench.py', 'eval.py', 'arithmetic.py']
+
+
+@pytest.mark.parametrize('flag', ['--help', '-h'])
+@pytest.mark.parametrize('script', SCRIPTS)
+def test_help_says_where_the_options_are(script, flag):
+    code, out, err = script_here(script, flag)
+    assert code == 0 and err == '', err
+    text = ' '.join(out.split())
+    assert f"usage: python {script}" in text and f"The options are the globals at the top of {script}" in text
+    assert "A config file" in text and "then --key=value sets one" in text
+    assert re.search(r'^  debug +=  ?False$', out, re.M)  # the options, with their defaults
+
+
+# the import of torch is interrupted, as by a Ctrl-C in the seconds it takes
+CTRL_C_IN_IMPORT = """
+import sys
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == 'torch':
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, CtrlC())
+"""
+
+
+@pytest.mark.parametrize('script', SCRIPTS)
+def test_ctrl_c_while_torch_loads_is_one_line(script):
+    run_script = f"import runpy\nsys.argv[0] = {script!r}\nrunpy.run_path({script!r}, run_name='__main__')\n"
+    p = run([sys.executable, '-c', CTRL_C_IN_IMPORT + run_script])
+    assert p.returncode == -signal.SIGINT and p.stdout == ''
+    assert p.stderr == "error: interrupted while starting; nothing was done\n"
+
+
+def test_out_of_memory_on_the_cpu_is_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(sys, 'excepthook', sys.excepthook)
+    monkeypatch.delenv('NANOLIME_DEBUG', raising=False)
+    common.configure({'n_layer': 2}, argv=[])
+    errors = [MemoryError()]  # numpy's, or Python's
+    try:
+        torch.empty(2 ** 62, dtype=torch.uint8)  # the CPU allocator's own error (a RuntimeError)
+    except RuntimeError as e:
+        errors.append(e)
+    assert len(errors) == 2
+    for e in errors:
+        with pytest.raises(SystemExit):
+            common.excepthook(type(e), e, e.__traceback__)
+        assert capsys.readouterr().err == ("error: out of memory: lower batch_size (train.py then accumulates more "
+                                           "micro-steps) or block_size; the last checkpoint, if any, is intact\n")
 
 
 # ----------------------------------------------------------------------------- resume
@@ -294,6 +347,98 @@ def test_non_finite_weights_on_one_rank_stop_every_rank(data_dir, tmp_path):
     line0, line1 = fails(rank0, want), fails(rank1, want)
     assert line1 == line0.replace('error: ', 'error: [rank 1] ')
     assert not os.path.exists(os.path.join(tmp_path, 'ckpt.pt'))
+
+
+# the log's write after the second checkpoint's: the process dies as by `kill -9` before it
+KILL_BEFORE_SECOND_LOG = """
+import os, signal, common
+_write, _logs = common.atomic_write, [0]
+def atomic_write(path, *args):
+    if path.endswith('log.jsonl'):
+        _logs[0] += 1
+        if _logs[0] == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return _write(path, *args)
+common.atomic_write = atomic_write
+"""
+
+
+def test_kill_between_checkpoint_and_log_loses_no_record(data_dir, tmp_path, run_here, capsys):
+    """The checkpoint (iter 10) is replaced, the log (iter 5) is not: the resumed run writes the records between."""
+    out = str(tmp_path)
+    args = [*TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=10', '--eval_interval=5']
+    p = run(patched(KILL_BEFORE_SECOND_LOG), *args)
+    assert p.returncode == -signal.SIGKILL and ckpt_of(out)['iter_num'] == 10
+    assert [r['iter'] for r in common.read_log(out)] == list(range(6))
+    assert run_here('train.py', *args, '--init_from=resume') == 0
+    assert 'nothing to do' in capsys.readouterr().out
+    log = common.read_log(out)
+    assert [r['iter'] for r in log] == list(range(11)) and 'val_loss' in log[-1] and 'val_loss' in log[5]
+
+
+FULL_DISK = """
+import torch
+_save = torch.save
+def save(obj, f, *args, **kwargs):  # a checkpoint's bytes go to /dev/full: torch raises its own RuntimeError
+    if not str(getattr(f, 'name', '')).endswith('.tmp'):  # not a checkpoint: torch.distributed's objects
+        return _save(obj, f, *args, **kwargs)
+    f.write(b'the start of a checkpoint')
+    dev = open('/dev/full', 'wb')
+    try:
+        _save(obj, dev, *args, **kwargs)
+    finally:
+        try:
+            dev.close()
+        except OSError:
+            pass
+torch.save = save
+"""
+
+
+@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
+def test_a_full_disk_under_ddp_is_rank_0s_error_on_every_rank(data_dir, tmp_path):
+    args = [*TINY, f'--data_dir={data_dir}', f'--out_dir={tmp_path}', '--max_iters=4', '--eval_interval=4',
+            '--total_batch_size=256']  # 4 x 32 tokens x 2 ranks
+    rank0, rank1 = launch_ranks(patched(FULL_DISK), *args, timeout=240)
+    want = (f"error: training stopped at iter 4: cannot write {tmp_path}/ckpt.pt: no space left on device; the file "
+            "there, if any, is unchanged: free some space (or fix the permissions), then run again")
+    assert fails(rank0) == want and fails(rank1) == want.replace('error: ', 'error: [rank 1] ')
+    assert os.listdir(tmp_path) == ['.lock']
+
+
+# on one rank, at its 6th optimizer step (after the checkpoint of iter 4): a kill, or an error only it sees
+ONE_RANK_STOPS = """
+import os, signal, torch, common
+_step, _calls = torch.optim.AdamW.step, [0]
+def step(self, *args, **kwargs):
+    _calls[0] += 1
+    if os.environ['RANK'] == os.environ['STOPPING_RANK'] and _calls[0] == 6:
+        if os.environ['HOW'] == 'kill':
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise common.UserError('a problem only this rank sees')
+    return _step(self, *args, **kwargs)
+torch.optim.AdamW.step = step
+"""
+
+
+@pytest.mark.parametrize('stopping, how', [(1, 'kill'), (0, 'error')])
+def test_a_rank_that_stops_alone_is_named_by_the_other(stopping, how, data_dir, tmp_path, monkeypatch):
+    """The other rank says what happened and that the checkpoint is intact, not gloo's text."""
+    monkeypatch.setenv('STOPPING_RANK', str(stopping))
+    monkeypatch.setenv('HOW', how)
+    args = [*TINY, f'--data_dir={data_dir}', f'--out_dir={tmp_path}', '--max_iters=10', '--eval_interval=4',
+            '--total_batch_size=256']
+    ranks = launch_ranks(patched(ONE_RANK_STOPS), *args, timeout=240)
+    other = ranks[1 - stopping]
+    line = fails(other, 'lost the connection to another rank, which stopped (killed, or with an error it reports '
+                        'itself): stopping too; the last checkpoint, if any, is intact (rank 0 writes it whole): fix '
+                        'what stopped that rank, then continue with --init_from=resume')
+    assert line.startswith('error: [rank 1] ' if stopping == 0 else 'error: lost')
+    if how == 'kill':
+        assert ranks[stopping].returncode == -signal.SIGKILL
+    else:
+        assert fails(ranks[stopping]) == 'error: a problem only this rank sees'
+    assert ckpt_of(str(tmp_path))['iter_num'] == 4
 
 
 def test_sigint_saves_a_checkpoint_and_exits(data_dir, tmp_path, run_here, capsys):

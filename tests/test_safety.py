@@ -8,6 +8,7 @@ import): a script's UserError reaches the test as it would reach common.exceptho
 import errno
 import json
 import os
+import pickle
 import runpy
 import shutil
 import signal
@@ -23,6 +24,7 @@ from conftest import REPO
 import arithmetic
 import common
 import model
+import prepare
 from common import UserError
 
 TINY = ['--device=cpu', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
@@ -168,6 +170,38 @@ def test_a_scratch_run_does_not_replace_a_trained_model(run_copy, data_dir):
     assert log_iters(run_copy) == [0, 1, 2] and torch.load(os.path.join(run_copy, 'ckpt.pt'))['iter_num'] == 2
 
 
+@pytest.mark.parametrize('arg', ['--max_iters=0', '--eval_only'])
+def test_overwrite_that_would_train_nothing_is_refused(arg, run_copy, data_dir, capsys):
+    """--overwrite with nothing to train would write no checkpoint, only a log of an untrained model beside the
+    trained one: refused before any work, both files as they were."""
+    before = files(run_copy)
+    with pytest.raises(UserError) as e:
+        train(data_dir, run_copy, '--overwrite', arg)
+    assert str(e.value) == (f"{run_copy}/ckpt.pt holds a trained model, and --overwrite with this run would only "
+                            "evaluate an untrained one (eval_only=True or max_iters=0): nothing was done, the model "
+                            "and its log are intact; to evaluate it use --init_from=resume --eval_only=True, to "
+                            "replace it train (--max_iters >= 1)")
+    assert files(run_copy) == before and 'iter 0' not in capsys.readouterr().out
+
+
+def test_resuming_on_another_vocabulary_of_the_same_size_is_refused(run_copy, data_dir, tmp_path):
+    """Another dataset with as many characters, other ones: the model's ids would mean other characters."""
+    text = prepare.read_shakespeare()[:200_000]
+    chars = sorted(set(text))
+    assert len(chars) == 75  # the trained model's dataset: the same text
+    shifted = text.translate({ord(c): ord(c) + 1000 for c in chars})
+    prepare.prepare_char(shifted, str(tmp_path / 'other' / 'mine'))
+    before = files(run_copy)
+    with pytest.raises(UserError) as e:
+        train(tmp_path / 'other', run_copy, '--dataset=mine', '--init_from=resume', '--max_iters=6')
+    assert str(e.value) == (f"cannot resume from {run_copy}/ckpt.pt: it was trained on dataset 'shakespeare_char', "
+                            f"whose vocabulary differs from that of {tmp_path}/other/mine/meta.pkl (same size, other "
+                            "tokens); resume on the checkpoint's dataset and data_dir, or train into another out_dir")
+    assert files(run_copy) == before
+    shutil.copytree(os.path.join(data_dir, 'shakespeare_char'), tmp_path / 'same' / 'mine')  # same vocabulary
+    assert train(tmp_path / 'same', run_copy, '--dataset=mine', '--init_from=resume', '--max_iters=5') == 0
+
+
 def test_a_failed_resume_leaves_the_checkpoint_and_the_log_as_they_were(run_copy, data_dir, monkeypatch):
     # records past the checkpoint (iter 4), as a run with always_save_checkpoint=False leaves them
     with open(os.path.join(run_copy, 'log.jsonl'), 'a') as f:
@@ -205,6 +239,65 @@ def test_a_save_that_fails_keeps_the_previous_checkpoint_and_log(run_copy, data_
                             "the file there, if any, is unchanged: free some space (or fix the permissions), then "
                             "continue with --init_from=resume")
     assert files(run_copy) == before and sorted(os.listdir(run_copy)) == ['.lock', 'ckpt.pt', 'log.jsonl']
+
+
+def save_into_a_full_disk(save):
+    """torch.save as on a full disk: its bytes go to /dev/full (ENOSPC), and torch raises its own RuntimeError
+    ('unexpected pos ...', with the OSError as its context)."""
+    def full(obj, f, *args, **kwargs):
+        f.write(b'the start of a checkpoint')
+        dev = open('/dev/full', 'wb')
+        try:
+            save(obj, dev, *args, **kwargs)
+        finally:
+            try:
+                dev.close()
+            except OSError:  # what is left in its buffer cannot be written either
+                pass
+    return full
+
+
+@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
+def test_a_full_disk_is_the_documented_error_and_leaves_no_temp_file(run_copy, data_dir, monkeypatch, tmp_path):
+    """torch.save reports a write that fails as a RuntimeError of its own ('unexpected pos ...'), not an OSError."""
+    with pytest.raises(RuntimeError, match='unexpected pos'):  # the fake is faithful
+        save_into_a_full_disk(torch.save)({'x': torch.zeros(100_000)}, open(os.devnull, 'wb'))
+    (tmp_path / 'disk').mkdir()
+    path = str(tmp_path / 'disk' / 'ckpt.pt')
+    os.symlink('/dev/full', f'{path}.{os.getpid()}.tmp')  # the temp file atomic_save writes: on a full disk
+    with pytest.raises(UserError) as e:
+        common.atomic_save({'x': torch.zeros(100_000)}, path, then='retry')  # larger than the file's buffer
+    assert str(e.value) == (f"cannot write {path}: no space left on device; the file there, if any, is unchanged: "
+                            "free some space (or fix the permissions), then retry")
+    assert os.listdir(tmp_path / 'disk') == []
+    before = files(run_copy)
+    monkeypatch.setattr(torch, 'save', save_into_a_full_disk(torch.save))
+    with pytest.raises(UserError) as e:
+        train(data_dir, run_copy, '--init_from=resume', '--max_iters=6', '--eval_interval=2')
+    assert str(e.value) == (f"training stopped at iter 6: cannot write {run_copy}/ckpt.pt: no space left on device; "
+                            "the file there, if any, is unchanged: free some space (or fix the permissions), then "
+                            "continue with --init_from=resume")
+    assert files(run_copy) == before and sorted(os.listdir(run_copy)) == ['.lock', 'ckpt.pt', 'log.jsonl']
+
+
+def test_a_log_that_fell_behind_its_checkpoint_is_completed_on_resume(run_copy, data_dir, monkeypatch):
+    """The log's write fails after the checkpoint's (a read-only disk; a kill there: tests/test_errors.py): the
+    checkpoint holds its log, and the run that resumes it writes the records the file lacks."""
+    complete = files(run_copy)['log.jsonl']
+    write = common.atomic_write
+
+    def log_fails(path, *args):
+        if path.endswith('log.jsonl'):
+            raise UserError('read-only file system')
+        return write(path, *args)
+    with monkeypatch.context() as m:
+        m.setattr(common, 'atomic_write', log_fails)
+        with pytest.raises(UserError, match='training stopped at iter 6: read-only file system'):
+            train(data_dir, run_copy, '--init_from=resume', '--max_iters=6', '--eval_interval=2')
+    assert files(run_copy)['log.jsonl'] == complete and torch.load(f'{run_copy}/ckpt.pt')['iter_num'] == 6
+    assert train(data_dir, run_copy, '--init_from=resume', '--max_iters=6', '--eval_interval=2') == 0  # no work
+    assert log_iters(run_copy) == [0, 1, 2, 3, 4, 5, 6] and 'val_loss' in common.read_log(run_copy)[-1]
+    assert files(run_copy)['log.jsonl'].startswith(complete)
 
 
 # ----------------------------------------------------------------------------- checks before any work
@@ -303,6 +396,42 @@ def test_corrupt_data_is_named_with_the_command_that_rebuilds_it(data_dir, tmp_p
     (ddir / 'meta.pkl').write_bytes(b'\x80\x04garbage')
     with pytest.raises(UserError, match=f"^{ddir}/meta.pkl is corrupt \\(.*\\); {fix}$"):
         common.data_info('shakespeare_char', str(root))
+
+
+class RunsCode:
+    """What a crafted pickle can hold: a call, made while it loads (here: creating a file)."""
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
+def test_no_code_runs_from_a_dataset_file(data_dir, tmp_path):
+    root = tmp_path / 'data'
+    shutil.copytree(os.path.join(data_dir, 'shakespeare_char'), root / 'shakespeare_char')
+    meta_path = root / 'shakespeare_char' / 'meta.pkl'
+    meta = common.data_info('shakespeare_char', data_dir)[1]
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):  # plain data in any pickle protocol still reads
+        meta_path.write_bytes(pickle.dumps({**meta, 'extra': {(1, 2), frozenset('ab')}}, protocol=protocol))
+        assert common.data_info('shakespeare_char', str(root))[1]['stoi'] == meta['stoi']
+    marker = tmp_path / 'ran'
+    meta_path.write_bytes(pickle.dumps({**meta, 'x': RunsCode(str(marker))}))
+    with pytest.raises(UserError) as e:
+        common.data_info('shakespeare_char', str(root))
+    assert str(e.value) == (f"{meta_path} is not plain data: reading it would call posix.mkdir, so it was not read (it "
+                            "may run its author's code); rebuild it: python prepare.py shakespeare_char --force "
+                            f"--data_dir={root}, or ask where it came from")
+    assert not marker.exists()
+
+
+def test_a_log_line_that_is_not_a_record_is_named(run_copy):
+    with open(os.path.join(run_copy, 'log.jsonl'), 'a') as f:
+        f.write('[1, 2]\n')  # after the records of iterations 0 to 4
+    with pytest.raises(UserError) as e:
+        common.read_log(run_copy)
+    assert str(e.value) == (f"{run_copy}/log.jsonl, line 6: not a record of train.py ('[1, 2]'; each line is a JSON "
+                            "object with its 'iter'): delete that line, or restore the file")
 
 
 def test_hints_never_name_the_wrong_fix(trained, tmp_path):

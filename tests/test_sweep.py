@@ -14,15 +14,17 @@ import math
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
 import termios
+import time
 
 import pytest
 import torch
 
-from conftest import REPO, ok, run, script_here
+from conftest import REPO, child_env, ok, run, script_here
 import common
 
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
@@ -181,6 +183,86 @@ def test_rerun_trains_nothing_and_changed_options_are_refused(swept, run_here, c
     assert [r['status'] for r in read_csv(os.path.join(other, 'sweep.csv'))] == ['refused'] * 4
 
 
+def test_a_lower_max_iters_over_longer_runs_is_refused(swept, run_here, capsys, tmp_path):
+    """Their evaluation at the lower max_iters is mid-schedule: not the result of a run that long."""
+    root, args, _, _ = swept
+    lower = copy_of(root, tmp_path, 'lower')
+    assert run_here('sweep.py', *args, f'--out_dir={lower}', '--max_iters=2', '--lr_decay_iters=2') == 1
+    out, err = capsys.readouterr()
+    assert "0 already done, 0 to evaluate, 0 to resume, 0 to start, 4 refused" in out
+    assert f"{lower}/lime-L2-s1 was trained to iter 3, past max_iters=2: its evaluation at 2 is not that of a " \
+           "2-iteration run; rerun with --max_iters=3 or more, or use another out_dir" in err
+    assert [r['status'] for r in read_csv(os.path.join(lower, 'sweep.csv'))] == ['refused'] * 4
+
+
+def test_a_run_killed_between_its_checkpoint_and_its_log_is_finished_by_a_rerun(swept, run_here, capsys, tmp_path):
+    """A kill after the last checkpoint's write, before the log's: the log lacks the final evaluation. The rerun
+    resumes the run (nothing to train) and the checkpoint's copy of the log completes it: done, not FAILED."""
+    root, args, _, _ = swept
+    again = copy_of(root, tmp_path, 'again')
+    run_dir = os.path.join(again, 'lime-L2-s0')
+    final = read_log(run_dir)[-1]
+    with open(os.path.join(run_dir, 'log.jsonl')) as f:
+        lines = f.readlines()
+    with open(os.path.join(run_dir, 'log.jsonl'), 'w') as f:
+        f.writelines(lines[:-1])  # the log of the checkpoint before
+    with open(os.path.join(run_dir, 'sweep.json'), 'w') as f:
+        json.dump({'status': 'failed', 'max_iters': 3, 'wall_time_s': 1.0}, f)
+    assert run_here('sweep.py', *args, f'--out_dir={again}') == 0
+    assert '3 already done, 0 to evaluate, 1 to resume, 0 to start' in capsys.readouterr().out
+    row = next(r for r in read_csv(os.path.join(again, 'sweep.csv')) if r['out_dir'] == run_dir)
+    assert row['status'] == 'done' and float(row['val_loss']) == final['val_loss'] and read_log(run_dir)[-1] == final
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason="a run learns of its sweep's death on Linux only")
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL], ids=['SIGTERM', 'SIGKILL'])
+def test_a_stopped_sweep_leaves_no_run_training(sig, data_dir, tmp_path):
+    """SIGTERM (as a scheduler sends) is the sweep's Ctrl-C: its runs save and stop, and so does a run whose sweep
+    was killed outright (kill -9): none trains on as an orphan."""
+    root = tmp_path / 'root'
+    run_dir = root / 'baseline-L1-s0'
+    sweep = subprocess.Popen([sys.executable, 'sweep.py', '--depths=1', '--variants=baseline', '--seeds=0', *TINY,
+                              f'--data_dir={data_dir}', f'--out_dir={root}', '--max_iters=100000',
+                              '--lr_decay_iters=100000', '--eval_interval=100000', '--plot=False'],
+                             cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = None
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and 'iter 2:' not in (read(run_dir / 'train.log') or ''):
+            time.sleep(0.2)
+        pid = int(read(run_dir / '.lock'))  # the run's train.py holds its out_dir
+        sweep.send_signal(sig)
+        out, err = sweep.communicate(timeout=120)
+        while time.time() < deadline and alive(pid):
+            time.sleep(0.2)
+        assert not alive(pid), 'the run trains on without its sweep'
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+        if pid and alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert 'interrupted at iter' in read(run_dir / 'train.log')  # it saved a checkpoint
+    if sig == signal.SIGTERM:
+        assert sweep.returncode == 130 and 'interrupted: the running runs saved a checkpoint' in err
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def alive(pid):
+    """Whether process `pid` still runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except FileNotFoundError:
+        return False
+
+
 # LIMe runs of train.py at depth 2 get a NaN loss at their first training step: a deterministic failure
 NAN_FOR_DEEP_LIME = """
 import sys
@@ -256,6 +338,7 @@ def test_bad_input_is_refused_before_any_run(run_here, data_dir, tmp_path):
         (['--variants=lime,lime'], "variants='lime,lime': expected distinct comma-separated names"),
         (['--depths=2,x'], "depths='2,x': expected distinct comma-separated integers >= 1"),
         (['--depths=0'], "depths='0': expected distinct comma-separated integers >= 1"),
+        (['--seeds=0,00'], "seeds='0,00': expected distinct comma-separated integers >= 0"),  # one run dir for two
         (['--jobs=0'], "out_dir="),
     ]):
         root = tmp_path / f'root{k}'
