@@ -1,7 +1,7 @@
 """
 Train a nanoLIMe model, nanoGPT-style: config globals, setup, a plain loop.
 
-$ python prepare.py && python train.py               # small LIMe on shakespeare_char, ~5 min on a laptop CPU
+$ python prepare.py && python train.py               # small LIMe on shakespeare_char, ~9 min on a 2-core laptop CPU
 $ python train.py config/train_shakespeare_char.py --lime=False --out_dir=out-baseline
 $ torchrun --standalone --nproc_per_node=8 train.py config/train_fineweb_edu_1b.py
 
@@ -31,7 +31,7 @@ from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
 # default config values: a small LIMe model (4 x 128, 0.86M parameters) on shakespeare_char that trains in
-# ~5 min on a 2-core CPU to val loss ~1.55; config/train_shakespeare_char.py has the measurements behind them
+# ~9 min on a 2-core CPU to val loss ~1.55; config/train_shakespeare_char.py has the measurements behind them
 # I/O
 out_dir = 'out-shakespeare-char'
 eval_interval = 500        # evaluate train/val loss (and checkpoint) every this many iterations, and at the end
