@@ -175,7 +175,9 @@ def family(model_args):
         r = model_args.get('router', 'full')
         return 'LIMe' if r in (None, 'full') else f'LIMe-{r}'
     if model_args.get('hc'):
-        return 'HC-dynamic' if model_args.get('hc_dynamic') else 'HC'
+        return ('mHC' if model_args.get('mhc') else 'HC') + ('-dynamic' if model_args.get('hc_dynamic') else '')
+    if model_args.get('attnres'):
+        return f"AttnRes-{model_args['attnres']}"
     return 'LLaMA'
 
 
@@ -434,6 +436,10 @@ def analyze_run(out_dir, model, ckpt):
            'family': family(ckpt['model_args'])}
     M = router_map(model)
     res['router_map'] = None if M is None else M.tolist()
+    if model.config.attnres:  # its blocks pass on every earlier output, not one residual stream to record
+        res['skipped'] = 'Attention Residuals has no single residual stream per layer to analyse'
+        print(f'{out_dir}: {res["skipped"]}; curves only')
+        return res
     if not ds:
         res['skipped'] = 'no dataset in ckpt config (pass --dataset)'
         return res

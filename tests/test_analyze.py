@@ -303,3 +303,16 @@ def test_analyze_without_data_without_model_and_errors(tmp_path, analyze_here, r
     assert sweep[1].startswith('out-nodata,LIMe,3,') and sweep[2].startswith('out-logonly,unknown,,')
     with pytest.raises(common.UserError, match='^name the runs to analyze'):  # one line for the user
         run_here('analyze.py', '--num_tokens=8')
+
+
+def test_attnres_and_mhc_runs_are_named_and_attnres_is_skipped_with_a_reason(tmp_path, analyze_here):
+    """Attention Residuals has no residual stream per block for the hooks to record: the run is named and
+    skipped with its reason, not a crash; mHC runs are named as such."""
+    assert analyze.family({'hc': 4, 'mhc': True}) == 'mHC' and analyze.family({'attnres': 'block'}) == 'AttnRes-block'
+    meta = make_dataset(tmp_path / 'data')
+    args = dict(block_size=64, vocab_size=meta['vocab_size'], n_layer=2, n_head=4, n_embd=32, lime=False, attnres='full')
+    save_run(tmp_path / 'out-attnres', args, 'tiny_char', compiled_prefix=False, meta=meta)
+    stdout = analyze_here(str(tmp_path / 'out-attnres'), f'--data_dir={tmp_path / "data"}')
+    assert 'no single residual stream' in stdout
+    res = json.load(open(tmp_path / 'out-attnres' / 'analysis.json'))
+    assert res['family'] == 'AttnRes-full' and 'no single residual stream' in res['skipped']
