@@ -66,7 +66,7 @@ def stage_list(out, work):
     prepare = [py, 'prepare.py', 'shakespeare', f'--data_dir={data}']
     defs = [
         dict(name='cuda-tests', title='CUDA tests: python -m pytest -m cuda', summary=summarize_tests,
-             steps=[('pytest', [py, '-m', 'pytest', '-m', 'cuda', '-rfEs'], 4.0)]),
+             steps=[('pytest', [py, '-m', 'pytest', '-m', 'cuda', '-n0', '-rfEs'], 4.0)]),
         dict(name='table9', title="The paper's 1B shapes (config/bench_1b.py) beside its Table 9",
              summary=summarize_table9,
              steps=[(attn, [py, 'bench.py', 'config/bench_1b.py', f'--settings={attn}-compiled', '--warmup=3',

@@ -41,13 +41,13 @@ def eval_then_train(model, compiled, steps=2):
 
 
 @pytest.mark.parametrize("kw", [dict(lime=True), dict(attnres="block")], ids=str)
-def test_sixteen_layers_compile_to_one_graph_per_mode(kw):
-    """Evaluation then two training steps at 16 layers: exactly two graphs (no_grad eval and
+def test_a_deep_model_compiles_to_one_graph_per_mode(kw):
+    """Evaluation then two training steps at 8 layers: exactly two graphs (no_grad eval and
     training), no graph break, no recompile per layer. The dynamo-only backend keeps it fast;
     the AOT backends below trace the backward too."""
     torch._dynamo.reset()
     counters.clear()
-    model = make(n_layer=16, **kw)
+    model = make(n_layer=8, **kw)
     eval_then_train(model, torch.compile(model, fullgraph=True, backend="eager"))
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 2
@@ -57,14 +57,16 @@ def test_sixteen_layers_compile_to_one_graph_per_mode(kw):
 VARIANTS = [dict(lime=True, router=r) for r in ("full", "average", "dynamic", "first-1")] + [
     dict(lime=True, router="last-2", n_kv_head=2), dict(lime=True, hc=2, hc_dynamic=True),
     dict(value_residual=True, n_kv_head=2), dict(denseformer=True, lime=True),
-    dict(hc=2, hc_dynamic=True, mhc=True), dict(attnres="full"), dict(attnres="block-4", lime=True)]
+    dict(hc=2, hc_dynamic=True, mhc=True, n_layer=1), dict(attnres="full"), dict(attnres="block-4", lime=True)]
+# (mHC at one layer: its 20 Sinkhorn steps per read make a long graph, and each layer repeats the same code)
 
 
 @pytest.mark.parametrize("kw", VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "baseline")
 def test_fullgraph_forward_and_backward_match_eager(kw):
     """aot_eager traces forward and backward (AOTAutograd) whole; gradients equal eager's."""
     torch._dynamo.reset()
-    model, ref = make(n_layer=3, **kw), make(n_layer=3, **kw)
+    kw = {'n_layer': 3, **kw}
+    model, ref = make(**kw), make(**kw)
     loss = eval_then_train(model, torch.compile(model, fullgraph=True, backend="aot_eager"), steps=1)
     ref_loss = eval_then_train(ref, ref, steps=1)
     torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-6)
