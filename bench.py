@@ -7,7 +7,7 @@ $ python bench.py                                  # small CPU config, about a m
 $ python bench.py config/bench_1b.py               # the paper's 1B shapes (Table 9), one 80 GB GPU
 $ python bench.py --variants=baseline,lime,lime-dynamic,hc --settings=mha-eager,gqa-compiled --json=b.json
 $ python bench.py config/bench_depth_cpu.py         # LIMe's cost against depth: 8 to 64 layers, eager and compiled
-$ python bench.py config/bench_relatives_cpu.py     # LIMe, AttnRes and mHC against depth, width 64, eager
+$ python bench.py config/bench_depth_cpu.py --variants=baseline,lime,attnres,attnres-block,hc,mhc --settings=mha-eager
 
 Profiles, decode speed and memory over depth: dev/bench_detail.py.
 """

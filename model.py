@@ -208,15 +208,22 @@ class Router(nn.Module):
         n_src = len(self.layers) * self.n_kv
         if config.router == "average":  # fixed: head h averages head h over layers 0..l
             self.register_buffer("weight", torch.eye(self.n_kv).repeat(1, layer + 1) / (layer + 1), persistent=False)
-        else:  # identity on this layer's own heads; elsewhere the authors' U(-b, b), b = sqrt(3 / #sources),
-            # or zero ('identity' init: exactly the baseline function at init)
-            bound = math.sqrt(3 / n_src) if config.router_init == "paper" else 0.0
-            weight = torch.empty(self.n_kv, n_src).uniform_(-bound, bound)
-            weight[:, -self.n_kv:] = torch.eye(self.n_kv)
-            self.weight = nn.Parameter(weight)
+        else:  # drawn by reset_parameters, after the baseline's weights (GPT.__init__)
+            self.weight = nn.Parameter(torch.empty(self.n_kv, n_src))
+        self.router_init = config.router_init
         self.dynamic = None
-        if config.router == "dynamic":  # per-token offsets, zero init: starts as the static router
-            self.dynamic = nn.Linear(config.n_embd, self.n_kv * n_src, bias=False)
+        if config.router == "dynamic":  # per-token offsets (skip_init: no draw from the RNG; zeroed below)
+            self.dynamic = nn.utils.skip_init(nn.Linear, config.n_embd, self.n_kv * n_src, bias=False)
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        """Identity on this layer's own heads; elsewhere the authors' U(-b, b), b = sqrt(3 / #sources), or
+        zero ('identity' init: exactly the baseline function at init). A dynamic router's offsets start at 0."""
+        if isinstance(self.weight, nn.Parameter):  # not the fixed 'average' router
+            bound = math.sqrt(3 / self.weight.size(1)) if self.router_init == "paper" else 0.0
+            self.weight.uniform_(-bound, bound)
+            self.weight[:, -self.n_kv:] = torch.eye(self.n_kv)
+        if self.dynamic is not None:
             nn.init.zeros_(self.dynamic.weight)
 
     def matrix(self):
@@ -361,7 +368,7 @@ class GPT(nn.Module):
             if config.denseformer else None
         self.attn_res = AttnRes(config) if config.attnres else None  # Attention Residuals' pseudo-queries
         # GPT-2 init; the projections back into the residual stream scaled by 1/sqrt(2L).
-        # Routers, HC, mHC, value residual, DenseFormer and AttnRes weights keep their own init.
+        # HC, mHC, value residual, DenseFormer and AttnRes weights keep their own (fixed) init; routers below.
         nn.init.normal_(self.transformer.wte.weight, std=0.02)
         for block in self.transformer.h:
             attn, mlp = block.attn, block.mlp
@@ -370,6 +377,10 @@ class GPT(nn.Module):
                 nn.init.normal_(linear.weight, std=0.02 / math.sqrt(2 * config.n_layer) if residual else 0.02)
         if not config.tie_embeddings:
             nn.init.normal_(self.lm_head.weight, std=0.02)
+        # LIMe's routers draw last: with one seed every variant starts from the baseline's weights (the
+        # other variants draw nothing), so runs paired by seed differ in their method alone
+        for router in (m for m in self.modules() if isinstance(m, Router)):
+            router.reset_parameters()
 
     def get_num_params(self):
         return sum(p.numel() for p in self.parameters())  # a tied weight is counted once
@@ -535,8 +546,8 @@ class HyperConnection(nn.Module):
         self.dynamic = config.hc_dynamic
         if self.dynamic:
             self.norm = nn.RMSNorm(d, eps=config.norm_eps)
-            self.dynamic_alpha = nn.Linear(d, n + 1, bias=False)
-            self.dynamic_beta = nn.Linear(d, 1, bias=False)
+            self.dynamic_alpha = nn.utils.skip_init(nn.Linear, d, n + 1, bias=False)  # skip_init: no RNG draw
+            self.dynamic_beta = nn.utils.skip_init(nn.Linear, d, 1, bias=False)
             nn.init.zeros_(self.dynamic_alpha.weight)
             nn.init.zeros_(self.dynamic_beta.weight)
             self.alpha_scale = nn.Parameter(torch.tensor(0.01))

@@ -190,7 +190,6 @@ def test_config_files(tmp_path):
 
 
 @pytest.mark.parametrize('name', ['bench_cpu_i', 'bench_cpu_ii', 'bench_cpu_iii', 'bench_1b', 'bench_depth_cpu',
-                                  'bench_relatives_cpu',
                                   'bench_depth_gpu'])
 def test_shipped_configs_load(name):
     """Every key of the shipped configs is one bench.py knows (and dev/bench_detail.py, which shares them)."""

@@ -151,6 +151,26 @@ def test_identity_routers_give_the_baseline():
     assert (lime(x, x)[0] - base(x, x)[0]).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("kw", [dict(lime=True), dict(lime=True, router="dynamic"), dict(lime=True, router_init="identity"),
+                                dict(lime=True, router="first-2", tie_embeddings=False), dict(hc=2, hc_dynamic=True, mhc=True),
+                                dict(attnres="block"), dict(denseformer=True, lime=True), dict(value_residual=True)], ids=str)
+def test_one_seed_gives_every_variant_the_baseline_weights(kw):
+    """Runs paired by seed start from the same weights: every parameter the baseline has, a variant built
+    after the same manual_seed has too, equal (routers draw last), so a paired difference is the method's
+    and not another init's; and the variant's own random init still differs from seed to seed."""
+    torch.manual_seed(3)
+    base = GPT(tiny(tie_embeddings=kw.get("tie_embeddings", True)))
+    torch.manual_seed(3)
+    variant = GPT(tiny(**kw))
+    mine = dict(variant.named_parameters())
+    for name, p in base.named_parameters():
+        assert torch.equal(p, mine[name]), name
+    if kw.get("lime") and kw.get("router_init") != "identity":
+        torch.manual_seed(4)
+        other = GPT(tiny(**kw)).transformer.h[2].attn.router.weight
+        assert not torch.equal(other, variant.transformer.h[2].attn.router.weight)
+
+
 @pytest.mark.parametrize("kw", [dict(), dict(lime=True), dict(lime=True, router="dynamic", n_kv_head=2),
                                 dict(hc=4, hc_dynamic=True), dict(lime=True, hc=2),
                                 dict(value_residual=True), dict(denseformer=True, lime=True)])
