@@ -13,10 +13,10 @@ attnres (Full; attnres:block, attnres:block-4: Block), combined with '+' (lime+h
 (lime:first-2), a router init after '@' (lime@identity), any train.py option after '~' (lime~router_lr=0.002).
 Finished runs are skipped, interrupted ones resumed: rerun the same command after a crash or Ctrl-C; one sweep per
 out_dir at a time. Results in out_dir: sweep.csv (a row per run), sweep.png, and tables with 95% intervals over
-seeds, differences paired by seed (one seed is one training-data order for every run) and each run's compute
-multiplier: the FLOPs the reference (same depth and seed) needs to reach the run's final val loss, over the run's
-FLOPs (> 1: the same loss with less compute), read off a power law fitted to the reference's final losses when it is
-also trained to --budgets=150,300,600 (else off its own training curve).
+seeds, differences paired by seed (one seed: one data order and, per depth, the baseline's init for every run)
+and each run's compute multiplier: the FLOPs the reference (same depth and seed) needs to reach the run's final val
+loss, over the run's FLOPs (> 1: the same loss with less compute), read off a power law fitted to the reference's
+final losses when it is also trained to --budgets=150,300,600 (else off its own training curve).
 """
 import os
 import re
