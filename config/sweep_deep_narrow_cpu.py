@@ -1,6 +1,9 @@
 # Depth sweep on a 2-core laptop CPU, deep and narrow: does LIMe's advantage grow with depth
-# (paper Sec. 5.5, Fig. 6: 32-128 layers)? LLaMA baseline vs LIMe at 4, 8, 16 and 32 layers,
-# width 64 (4 heads of 16), on shakespeare_char, 3 seeds each: 24 runs.
+# (paper Sec. 5.5, Fig. 6: 32-128 layers)? LLaMA baseline vs LIMe, with the paper's router init and
+# with the identity init, at 4, 8, 16 and 32 layers, width 64 (4 heads of 16), on shakespeare_char,
+# 3 seeds each: 36 runs. Why the identity init too: at 32 layers its differences to the baseline,
+# paired by seed, scatter 2.7x less (sd 0.015 vs 0.040 over 5 seeds; docs/results.md), so 3 seeds
+# resolve what the paper's init, which starts each seed as another random mixture, cannot.
 #
 # $ python prepare.py
 # $ python sweep.py config/sweep_deep_narrow_cpu.py          # -> out-sweep-deep-narrow/: sweep.csv, table, plots
@@ -8,8 +11,9 @@
 # Interrupted (Ctrl-C, a crash, a reboot)? Run the same command again: finished runs are skipped, the
 # others resume from their last checkpoint (every eval_interval iterations).
 #
-# Budget: <= 60 minutes on 2 cores. Measured (2-core x86-64, torch 2.13.0 CPU, idle machine, two runs
-# side by side on one thread each): the whole sweep took 51.6 minutes. One run, 300 iterations:
+# Budget: about 80 minutes on 2 cores. Measured (2-core x86-64, torch 2.13.0 CPU, idle machine, two
+# runs side by side on one thread each): baseline and LIMe took 51.6 minutes, the three variants 82
+# (with other work on the machine part of the time). One run, 300 iterations:
 #   depth       4      8     16     32
 #   baseline  68 s  101 s  217 s  529 s
 #   LIMe      68 s  122 s  249 s  699 s   (LIMe/baseline wall time 1.32x at 32 layers)
@@ -20,7 +24,7 @@
 # the sweep
 out_dir = 'out-sweep-deep-narrow'
 depths = '4,8,16,32'
-variants = 'baseline,lime'
+variants = 'baseline,lime,lime@identity'
 seeds = '0,1,2'
 jobs = 2                   # two runs at a time, one thread each: more throughput than one run on two
                            # threads for models this small
