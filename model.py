@@ -198,6 +198,14 @@ class KVBuffer:
         return route(router.weight[:, own * router.n_kv:], [self.sources[j] for j in router.layers[own:]], partial)
 
 
+def zero_linear(d_in, d_out):
+    """A bias-free nn.Linear that starts at zero, made without drawing from the RNG (skip_init), so that a
+    variant's extra layers do not change the baseline's weights drawn after them (GPT.__init__)."""
+    linear = nn.utils.skip_init(nn.Linear, d_in, d_out, bias=False, device=torch.get_default_device())
+    nn.init.zeros_(linear.weight)
+    return linear
+
+
 class Router(nn.Module):
     """R^l of eq. (2): H_kv x (l+1)*H_kv weights over the sources of layers 0..l."""
 
@@ -212,19 +220,17 @@ class Router(nn.Module):
             self.weight = nn.Parameter(torch.empty(self.n_kv, n_src))
         self.router_init = config.router_init
         self.dynamic = None
-        if config.router == "dynamic":  # per-token offsets (skip_init: no draw from the RNG; zeroed below)
-            self.dynamic = nn.utils.skip_init(nn.Linear, config.n_embd, self.n_kv * n_src, bias=False)
+        if config.router == "dynamic":  # per-token offsets, zero at init: starts as the static router
+            self.dynamic = zero_linear(config.n_embd, self.n_kv * n_src)
 
     @torch.no_grad()
     def reset_parameters(self):
         """Identity on this layer's own heads; elsewhere the authors' U(-b, b), b = sqrt(3 / #sources), or
-        zero ('identity' init: exactly the baseline function at init). A dynamic router's offsets start at 0."""
+        zero ('identity' init: exactly the baseline function at init)."""
         if isinstance(self.weight, nn.Parameter):  # not the fixed 'average' router
             bound = math.sqrt(3 / self.weight.size(1)) if self.router_init == "paper" else 0.0
             self.weight.uniform_(-bound, bound)
             self.weight[:, -self.n_kv:] = torch.eye(self.n_kv)
-        if self.dynamic is not None:
-            nn.init.zeros_(self.dynamic.weight)
 
     def matrix(self):
         """The full H_kv x (l+1)*H_kv static router, zero on sources this variant leaves out."""
@@ -546,10 +552,8 @@ class HyperConnection(nn.Module):
         self.dynamic = config.hc_dynamic
         if self.dynamic:
             self.norm = nn.RMSNorm(d, eps=config.norm_eps)
-            self.dynamic_alpha = nn.utils.skip_init(nn.Linear, d, n + 1, bias=False)  # skip_init: no RNG draw
-            self.dynamic_beta = nn.utils.skip_init(nn.Linear, d, 1, bias=False)
-            nn.init.zeros_(self.dynamic_alpha.weight)
-            nn.init.zeros_(self.dynamic_beta.weight)
+            self.dynamic_alpha = zero_linear(d, n + 1)
+            self.dynamic_beta = zero_linear(d, 1)
             self.alpha_scale = nn.Parameter(torch.tensor(0.01))
             self.beta_scale = nn.Parameter(torch.tensor(0.01))
 

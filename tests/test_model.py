@@ -171,6 +171,14 @@ def test_one_seed_gives_every_variant_the_baseline_weights(kw):
         assert not torch.equal(other, variant.transformer.h[2].attn.router.weight)
 
 
+def test_the_model_is_built_on_the_default_device():
+    """bench.py builds models under `with torch.device('cuda')`: every weight must land there, the zero-init
+    linears made without the RNG included. The meta device stands in for a GPU here."""
+    with torch.device("meta"):
+        model = GPT(tiny(lime=True, router="dynamic", hc=2, hc_dynamic=True))
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
 @pytest.mark.parametrize("kw", [dict(), dict(lime=True), dict(lime=True, router="dynamic", n_kv_head=2),
                                 dict(hc=4, hc_dynamic=True), dict(lime=True, hc=2),
                                 dict(value_residual=True), dict(denseformer=True, lime=True)])
