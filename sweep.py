@@ -2,21 +2,16 @@
 Depth sweeps: train every (depth, variant, seed) with train.py, then compare the variants over seeds.
 
 $ python sweep.py --depths=4,8,16,32 --variants=baseline,lime --seeds=0,1,2 --max_iters=400
-$ python sweep.py config/sweep_deep_narrow_cpu.py --jobs=2
 $ python sweep.py config/sweep_deep_narrow_cpu.py --report_only=True   # CSV, tables, plot of the runs so far
 $ python sweep.py config/train_deep_narrow.py --depths=32,64,128 --seeds=0,1,2,3 --gpus=0,1,2,3,4,5,6,7
 
 Each run is `python train.py ... --n_layer=<depth> --seed=<seed> --out_dir=<out_dir>/<variant>-L<depth>-s<seed>`
-plus its variant's options and every key that is not the sweep's own (below); train.py checks them for each variant
-before any run starts. Variants: baseline, lime, hc (hc2, hc8: other rates), mhc, value_residual, denseformer,
-attnres (Full; attnres:block, attnres:block-4: Block), combined with '+' (lime+hc); for LIMe a router after ':'
-(lime:first-2), a router init after '@' (lime@identity), any train.py option after '~' (lime~router_lr=0.002).
-Finished runs are skipped, interrupted ones resumed: rerun the same command after a crash or Ctrl-C; one sweep per
-out_dir at a time. Results in out_dir: sweep.csv (a row per run), sweep.png, and tables with 95% intervals over
-seeds, differences paired by seed (one seed: one data order and, per depth, the baseline's init for every run)
-and each run's compute multiplier: the FLOPs the reference (same depth and seed) needs to reach the run's final val
-loss, over the run's FLOPs (> 1: the same loss with less compute), read off a power law fitted to the reference's
-final losses when it is also trained to --budgets=150,300,600 (else off its own training curve).
+plus its variant's options (variant_options) and every key that is not the sweep's own (below). Finished runs
+are skipped, interrupted ones resumed: rerun the same command. Results in out_dir: sweep.csv, sweep.png, and
+tables (sweep_report.py) with 95% intervals over seeds, differences paired by seed (one seed: one data order and,
+per depth, the baseline's init for every run) and each run's compute multiplier: the FLOPs the reference (same
+depth and seed) needs to reach the run's final val loss, over the run's FLOPs, read off a power law fitted to the
+reference's final losses when it is also trained to --budgets=150,300,600 (else off its own training curve).
 """
 import os
 import re
@@ -24,7 +19,6 @@ import sys
 import io
 import csv
 import json
-import math
 import shlex
 import signal
 import runpy
@@ -41,12 +35,13 @@ from time import time
 from tqdm import tqdm
 
 from common import CKPT_NAME, UserError, arithmetic_tiers, configure, load_checkpoint, lock_dir, read_log
+from sweep_report import add_compute_multipliers, fit_power_law, plot_sweep, print_fits, print_table
 
 # -----------------------------------------------------------------------------
 # the sweep's config; every other key is a train.py option
 out_dir = 'out-sweep'      # the sweep's root: one directory per run, sweep.csv and sweep.png
 depths = '2,4'             # n_layer values, comma-separated
-variants = 'baseline,lime' # comma-separated, see above; the first is the reference the others are compared with
+variants = 'baseline,lime' # comma-separated (variant_options); the first is the reference for the others
 seeds = '0,1'              # comma-separated; each seed is one training-data order, shared by all variants
 budgets = ''               # e.g. '150,300,600': the reference is also trained to these iteration counts, each a
                            # complete run with its own schedule; its final losses, fitted against FLOPs, give the
@@ -114,62 +109,6 @@ def read_json(path):
 def final_record(run_dir, iters):
     """The log record of the evaluation at iteration `iters`, or None if the run has not got there."""
     return next((r for r in reversed(read_log(run_dir)) if r.get('iter') == iters and 'val_loss' in r), None)
-
-# ----------------------------------------------------------------------------- statistics
-# two-sided 95% quantiles of Student's t for 1..30 degrees of freedom
-T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-
-def mean_ci(xs):
-    """(mean, half-width of its 95% t interval); the half-width is nan for fewer than 2 values."""
-    n, m = len(xs), sum(xs) / len(xs)
-    if n < 2:
-        return m, math.nan
-    t = T95[n - 2] if n <= 31 else 1.96 + 2.4 / (n - 1)  # beyond 30 degrees of freedom: within 0.002 of t
-    return m, t * math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n)
-
-def verdict(diff, half, lower_is_better=True):
-    """How a difference (variant - reference) with its interval reads: for a loss, lower is better."""
-    if math.isnan(half):
-        return "no interval (one seed)"
-    if diff - half <= 0 <= diff + half:
-        return "inside seed noise"
-    return "better" if (diff < 0) == lower_is_better else "worse"
-
-def compute_multiplier(ref_curve, loss, flops):
-    """(FLOPs the reference needs to reach `loss` / `flops`, 'lower' if a lower bound else ''), from its evaluations
-    ref_curve = [(flops, val loss), ...] in training order: the first crossing of `loss`, interpolated in log FLOPs
-    (linearly from iteration 0, at 0 FLOPs); if it never gets there, its total FLOPs give the lower bound."""
-    f0, v0 = 0.0, math.inf
-    for f, v in ref_curve:
-        if v <= loss:
-            x = (v0 - loss) / (v0 - v) if v0 < math.inf else 1.0  # where between the two evaluations
-            return (f0 * (f / f0) ** x if f0 > 0 else f0 + x * (f - f0)) / flops, ''
-        f0, v0 = f, v
-    return ref_curve[-1][0] / flops, 'lower'
-
-def fit_power_law(points):
-    """The reference's final loss against its compute, L = A_s * C^-b, from runs trained to several budgets: one
-    exponent b for every seed, one offset log A_s per seed (its data order, shared with the variants' runs of that
-    seed), least squares in log-log over {seed: [(flops, loss), ...]}. (b, {seed: log A_s}, (fewest, most FLOPs
-    fitted)), or None without two budgets or if the loss does not fall with compute."""
-    logs = {s: [(math.log(c), math.log(v)) for c, v in pts] for s, pts in points.items() if pts}
-    sxy = sxx = 0.0
-    for pts in logs.values():  # slope within each seed: the offsets take the seeds' differences
-        mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
-        sxy, sxx = sxy + sum((x - mx) * (y - my) for x, y in pts), sxx + sum((x - mx) ** 2 for x, _ in pts)
-    if sxx <= 0 or sxy >= 0:
-        return None
-    b = -sxy / sxx
-    flops = [c for pts in points.values() for c, _ in pts]
-    return b, {s: sum(y + b * x for x, y in pts) / len(pts) for s, pts in logs.items()}, (min(flops), max(flops))
-
-def fitted_multiplier(fit, seed, loss, flops):
-    """(the FLOPs the fitted reference of `seed` needs to reach `loss`, over `flops`; how far that lies beyond the
-    fitted FLOPs, as a factor: 1.0 inside them)."""
-    b, offsets, (low, high) = fit
-    need = math.exp((offsets[seed] - math.log(loss)) / b)
-    return need / flops, max(need / high, low / need, 1.0)
 
 # ----------------------------------------------------------------------------- configuration
 train_opts = {}  # every key that is not the sweep's: train.py's --key=<text>, which train.py checks
@@ -411,26 +350,15 @@ for run in runs:
                                                              for r in log if 'val_loss' in r and r['iter'] <= iters}
         rows[-1]['tiers'] = scores(run['dir']) or {}
 
-# the compute multiplier: with budgets, off the power law fitted to the reference's final losses at every budget
-# (per depth); without, off the reference's own training curve (its learning rate not yet decayed mid-run)
 def reference_ends(depth, seed):
     """[(FLOPs, final val loss)] of the reference's finished runs at `depth` and `seed`, one per budget."""
     return [(r['train_flops'], r['val_loss']) for r in rows
             if (r['depth'], r['variant'], r['seed'], r['status']) == (depth, reference, seed, 'done')]
 
 fits = {d: fit_power_law({s: reference_ends(d, s) for s in seed_list}) for d in depth_list} if budget_list else {}
+add_compute_multipliers(rows, curves, fits, reference)
 tier_list = sorted({int(n) for row in rows for n in row.get('tiers', {})})  # arithmetic: operators per expression
 for row in rows:
-    ref, fit = curves.get((row['depth'], reference, row['seed'])), fits.get(row['depth'])
-    if row['status'] != 'done' or row['variant'] == reference:
-        pass
-    elif budget_list and fit and row['seed'] in fit[1]:
-        row['compute_multiplier'], beyond = fitted_multiplier(fit, row['seed'], row['val_loss'], row['train_flops'])
-        row['multiplier_note'] = f"extrapolated x{beyond:.2f}" if beyond > 1 else 'fitted'
-    elif not budget_list and ref:
-        row['compute_multiplier'], bound = compute_multiplier([ref[it] for it in sorted(ref)], row['val_loss'],
-                                                              row['train_flops'])
-        row['multiplier_note'] = 'lower bound' if bound else 'reference curve'
     tiers = row.pop('tiers', {})
     for n in tier_list:
         row[f'acc_{n}'], row[f'majority_{n}'] = map(tiers.get(str(n), {}).get, ('accuracy', 'majority_baseline'))
@@ -441,86 +369,18 @@ with open(csv_path, 'w', newline='') as f:
     writer.writeheader()
     writer.writerows(rows)
 
-def print_table(column, title, lower_is_better=True, floor_column=None):
-    """Per depth and variant: mean over seeds, 95% interval, paired difference to the reference with its interval
-    and verdict; then the compute multiplier, or how the mean compares with a floor (the majority baseline)."""
-    how = f"fitted over {len(budget_list)} budgets" if budget_list else 'off its training curve'
-    last = 'vs majority baseline' if floor_column else f'compute multiplier (x {reference} FLOPs, {how})'
-    print(f"\n{title}: mean ± 95% interval over seeds, difference to {reference} paired by seed\n{'depth':>5}  "
-          f"{'variant':<16} {'n':>2}  {column:<17}  {'vs ' + reference:<19} {'verdict':<18} {last}\n" + '-' * 110)
-    for d in depth_list:
-        done = {v: {r['seed']: r for r in rows if (r['depth'], r['variant'], r['status'], r['budget'])
-                    == (d, v, 'done', None)} for v in variant_list}
-        for v, mine in done.items():
-            m, h = mean_ci([r[column] for r in mine.values()]) if mine else (math.nan, math.nan)
-            line, extra = f"{d:>5}  {v:<16} {len(mine):>2}  {m:.4f} ± {h:<8.4f}", ''
-            pairs = [s for s in mine if s in done[reference]] if v != reference else []
-            if pairs:
-                dm, dh = mean_ci([mine[s][column] - done[reference][s][column] for s in pairs])
-                star = '*' if len(pairs) < len(mine) else ' '
-                line += f"  {dm:+.4f} ± {dh:<8.4f}{star} {verdict(dm, dh, lower_is_better)}"
-            mults = [r for r in mine.values() if r['compute_multiplier'] is not None]
-            if floor_column and mine:  # "above" only when the whole interval is above the floor
-                floor = sum(r[floor_column] for r in mine.values()) / len(mine)
-                where = verdict(m - floor, h, lower_is_better)
-                extra = f"{floor:.4f}: {dict(better='above', worse='below').get(where, where)}"
-            elif mults:
-                mm, mh = mean_ci([r['compute_multiplier'] for r in mults])
-                mark = '>' if any(r['multiplier_note'] == 'lower bound' for r in mults) else '~' if any(
-                    r['multiplier_note'].startswith('extrapolated') for r in mults) else ''
-                extra = f"{mark}{mm:.3f} ± {mh:.3f}"
-            print(f"{line:<73} {extra}".rstrip() if mine else f"{d:>5}  {v:<16}  0  (no finished runs)")
-
 print(f"\n{sum(row['status'] == 'done' for row in rows)}/{len(rows)} runs finished")
-print_table('val_loss', 'final val loss')
+print_table(rows, depth_list, variant_list, 'val_loss', 'final val loss', len(budget_list))
 print(f"* paired over the seeds both finished; the compute multiplier's interval is over seeds too (t)")
-for d, fit in fits.items():
-    far = [float(r['multiplier_note'][14:]) for r in rows if r['depth'] == d and r['compute_multiplier'] is not None
-           and r['multiplier_note'].startswith('extrapolated')]
-    print(f"{d} layers: {reference}'s loss ~ FLOPs^-{fit[0]:.4f} over {fit[2][0]:.3g}-{fit[2][1]:.3g} FLOPs" + (
-        f"; ~ {len(far)} run(s) beyond that range, up to x{max(far):.2f}: extrapolated" if far else '')
-        if fit else f"{d} layers: no fit ({reference} needs two budgets finished with loss falling with compute)")
-if not budget_list:
-    print(f"> a lower bound: {reference} never got to that loss in a seed; --budgets=... fits its loss against compute")
+print_fits(rows, fits, reference)
 for n in tier_list:
-    print_table(f'acc_{n}', f"test accuracy, {n} operators", lower_is_better=False, floor_column=f'majority_{n}')
+    print_table(rows, depth_list, variant_list, f'acc_{n}', f"test accuracy, {n} operators", lower_is_better=False,
+                floor_column=f'majority_{n}')
 print(f"CSV: {csv_path}")
 
-if plot and curves:  # final val loss vs depth, then a panel per depth: val loss vs training FLOPs over training
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 1 + len(depth_list), figsize=(4.2 * (1 + len(depth_list)), 4.2))
-    for v in variant_list:
-        by_depth = [[c for (cd, cv, _), c in curves.items() if (cd, cv) == (d, v)] for d in depth_list]
-        pts = [(d, *mean_ci([c[max(c)][1] for c in cs])) for d, cs in zip(depth_list, by_depth) if cs]
-        if pts:
-            d, m, h = zip(*pts)
-            axes[0].errorbar(d, m, h, marker='o', capsize=3, label=v)  # one seed: no interval (nan)
-        for ax, cs in zip(axes[1:], by_depth):
-            its = sorted(set.intersection(*map(set, cs)) - {0}) if cs else []  # no log(0 FLOPs)
-            if its:
-                x = [sum(c[it][0] for c in cs) / len(cs) for it in its]
-                m, h = zip(*(mean_ci([c[it][1] for c in cs]) for it in its))
-                ax.plot(x, m, marker='.', label=f"{v} ({len(cs)} seeds)")
-                ax.fill_between(x, [a - b for a, b in zip(m, h)], [a + b for a, b in zip(m, h)], alpha=0.2)
-    for ax, d in zip(axes[1:], depth_list):  # the reference's final losses at its budgets, and the fit through them
-        ends = [end for s in seed_list for end in reference_ends(d, s)]
-        if fits.get(d):
-            b, offsets, (low, high) = fits[d]
-            x = [low * (high / low) ** (i / 20) for i in range(21)]
-            a = sum(offsets.values()) / len(offsets)
-            ax.plot(x, [math.exp(a) * c ** -b for c in x], 'k--', lw=1, label=f"{reference} fit: FLOPs^-{b:.3f}")
-            ax.plot(*zip(*ends), 'kx', label=f"{reference}, final at each budget")
-    axes[0].set(xscale='log', xlabel='n_layer', ylabel='final val loss', title='final val loss (mean, 95% interval)')
-    axes[0].set_xticks(depth_list, [str(d) for d in depth_list])
-    for ax, d in zip(axes[1:], depth_list):
-        ax.set(xscale='log', xlabel='training FLOPs', ylabel='val loss', title=f"{d} layers: val loss (mean, 95% band)")
-    for ax in axes:
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # labels at powers of 10 only
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, 'sweep.png'), dpi=100)
+if plot and curves:
+    plot_sweep(os.path.join(out_dir, 'sweep.png'), curves, depth_list, variant_list, fits,
+               {d: [end for s in seed_list for end in reference_ends(d, s)] for d in depth_list})
     print(f"plot: {os.path.join(out_dir, 'sweep.png')}")
 
 if failed:

@@ -26,6 +26,7 @@ import torch
 
 from conftest import REPO, child_env, ok, run, script_here
 import common
+import sweep_report
 
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
         '--eval_iters=2', '--warmup_iters=1', '--log_interval=1', '--compile=False', '--dtype=float32']
@@ -82,7 +83,7 @@ def swept(data_dir, tmp_path_factory):
     return root, args, p.stdout, tty.decode()
 
 
-def test_end_to_end_csv_table_multiplier_bar_plot(swept, sweep_fns):
+def test_end_to_end_csv_table_multiplier_bar_plot(swept):
     root, _, stdout, tty = swept
     rows = read_csv(os.path.join(root, 'sweep.csv'))
     assert list(rows[0]) == COLUMNS
@@ -99,7 +100,7 @@ def test_end_to_end_csv_table_multiplier_bar_plot(swept, sweep_fns):
             assert r['compute_multiplier'] == r['multiplier_note'] == '' == r['budget']
         else:
             curve = [(x['flops'], x['val_loss']) for x in read_log(by['baseline', s]['out_dir']) if 'val_loss' in x]
-            want = sweep_fns['compute_multiplier'](curve, float(r['val_loss']), int(r['train_flops']))
+            want = sweep_report.compute_multiplier(curve, float(r['val_loss']), int(r['train_flops']))
             mult, bound = want
             assert float(r['compute_multiplier']) == pytest.approx(mult)
             assert r['multiplier_note'] == ('lower bound' if bound else 'reference curve')
@@ -379,8 +380,8 @@ def test_variant_names(sweep_fns):
 
 
 # ----------------------------------------------------------------------------- statistics
-def test_t_intervals_by_hand(sweep_fns):
-    mean_ci, verdict = sweep_fns['mean_ci'], sweep_fns['verdict']
+def test_t_intervals_by_hand():
+    mean_ci, verdict = sweep_report.mean_ci, sweep_report.verdict
     # 1, 2, 3: mean 2, sd 1, n 3 -> 4.303 / sqrt(3)
     m, h = mean_ci([1.0, 2.0, 3.0])
     assert m == 2.0 and h == pytest.approx(4.303 / math.sqrt(3))
@@ -397,9 +398,9 @@ def test_t_intervals_by_hand(sweep_fns):
     assert verdict(0.01, float('nan')) == 'no interval (one seed)'
 
 
-def test_compute_multiplier_interpolation_by_hand(sweep_fns):
+def test_compute_multiplier_interpolation_by_hand():
     """Hand-made reference curves [(FLOPs, val loss)], evaluated at 0, 100 and 1000 FLOPs."""
-    multiplier = sweep_fns['compute_multiplier']
+    multiplier = sweep_report.compute_multiplier
     curve = [(0, 4.0), (100, 3.0), (1000, 2.0)]
     # 2.5 is halfway from 3.0 to 2.0: halfway in log FLOPs between 100 and 1000 is sqrt(100 * 1000) = 316.2
     # (not 550, halfway in FLOPs); the run used 500 FLOPs
@@ -417,10 +418,10 @@ def test_compute_multiplier_interpolation_by_hand(sweep_fns):
 
 
 
-def test_fitted_multiplier_recovers_a_known_multiplier(sweep_fns):
+def test_fitted_multiplier_recovers_a_known_multiplier():
     """Synthetic reference runs on exact power laws L = A_s C^-b (b and each seed's A_s known) at three budgets;
     a variant whose final loss is the reference's at m times its FLOPs has multiplier m."""
-    fit_power_law, fitted = sweep_fns['fit_power_law'], sweep_fns['fitted_multiplier']
+    fit_power_law, fitted = sweep_report.fit_power_law, sweep_report.fitted_multiplier
     b, scale = 0.08, {0: 4.0, 1: 4.3, 2: 3.9}  # seeds differ in level (data order), not in exponent
     budgets = [1e12, 2e12, 4e12]
     fit = fit_power_law({s: [(c, a * c ** -b) for c in budgets] for s, a in scale.items()})
@@ -450,7 +451,7 @@ def test_fitted_multiplier_recovers_a_known_multiplier(sweep_fns):
     assert fit_power_law({0: [(1e12, 2.0), (2e12, 2.1)]}) is None
 
 
-def test_budgets_reuse_finished_runs_and_fit_the_multiplier(swept, sweep_fns, run_here, capsys, tmp_path):
+def test_budgets_reuse_finished_runs_and_fit_the_multiplier(swept, run_here, capsys, tmp_path):
     """Rerunning a finished sweep with --budgets trains only the reference's new budgets (a complete run each,
     its schedule scaled), reuses every finished run, and fits the multiplier through the reference's final
     losses at every budget (here 2 and 3 iterations; 3 is max_iters: the reference's own run)."""
@@ -472,13 +473,13 @@ def test_budgets_reuse_finished_runs_and_fit_the_multiplier(swept, sweep_fns, ru
     main = {(r['variant'], int(r['seed'])): r for r in rows if not r['budget']}
     points = {s: [(int(r['train_flops']), float(r['val_loss'])) for r in (main['baseline', s], budget[s])]
               for s in (0, 1)}
-    fit = sweep_fns['fit_power_law'](points)
+    fit = sweep_report.fit_power_law(points)
     for s in (0, 1):
         r = main['lime', s]
         if fit is None:
             assert r['compute_multiplier'] == ''
             continue
-        want = sweep_fns['fitted_multiplier'](fit, s, float(r['val_loss']), int(r['train_flops']))
+        want = sweep_report.fitted_multiplier(fit, s, float(r['val_loss']), int(r['train_flops']))
         assert float(r['compute_multiplier']) == pytest.approx(want[0], rel=1e-6)
         assert r['multiplier_note'] == ('fitted' if want[1] == 1.0 else f"extrapolated x{want[1]:.2f}")
     assert "compute multiplier (x baseline FLOPs, fitted over 2 budgets)" in out

@@ -1,0 +1,165 @@
+"""
+sweep.py's numbers: 95% t intervals over seeds, verdicts on paired differences, compute multipliers (off the
+reference's training curve, or off a power law fitted to its final losses at several budgets), the tables and the
+plot. Plain functions of plain data (lists, dicts of sweep.csv's rows), so they also serve for a sweep.csv of your own:
+
+    import csv; from sweep_report import mean_ci
+    rows = [r for r in csv.DictReader(open('out-sweep/sweep.csv')) if r['status'] == 'done']
+    print(mean_ci([float(r['val_loss']) for r in rows if r['variant'] == 'lime']))
+"""
+import math
+
+# two-sided 95% quantiles of Student's t for 1..30 degrees of freedom
+T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+def mean_ci(xs):
+    """(mean, half-width of its 95% t interval); the half-width is nan for fewer than 2 values."""
+    n, m = len(xs), sum(xs) / len(xs)
+    if n < 2:
+        return m, math.nan
+    t = T95[n - 2] if n <= 31 else 1.96 + 2.4 / (n - 1)  # beyond 30 degrees of freedom: within 0.002 of t
+    return m, t * math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n)
+
+def verdict(diff, half, lower_is_better=True):
+    """How a difference (variant - reference) with its interval reads: for a loss, lower is better."""
+    if math.isnan(half):
+        return "no interval (one seed)"
+    if diff - half <= 0 <= diff + half:
+        return "inside seed noise"
+    return "better" if (diff < 0) == lower_is_better else "worse"
+
+def compute_multiplier(ref_curve, loss, flops):
+    """(FLOPs the reference needs to reach `loss` / `flops`, 'lower' if a lower bound else ''), from its evaluations
+    ref_curve = [(flops, val loss), ...] in training order: the first crossing of `loss`, interpolated in log FLOPs
+    (linearly from iteration 0, at 0 FLOPs); if it never gets there, its total FLOPs give the lower bound."""
+    f0, v0 = 0.0, math.inf
+    for f, v in ref_curve:
+        if v <= loss:
+            x = (v0 - loss) / (v0 - v) if v0 < math.inf else 1.0  # where between the two evaluations
+            return (f0 * (f / f0) ** x if f0 > 0 else f0 + x * (f - f0)) / flops, ''
+        f0, v0 = f, v
+    return ref_curve[-1][0] / flops, 'lower'
+
+def fit_power_law(points):
+    """The reference's final loss against its compute, L = A_s * C^-b, from runs trained to several budgets: one
+    exponent b for every seed, one offset log A_s per seed (its data order, shared with the variants' runs of that
+    seed), least squares in log-log over {seed: [(flops, loss), ...]}. (b, {seed: log A_s}, (fewest, most FLOPs
+    fitted)), or None without two budgets or if the loss does not fall with compute."""
+    logs = {s: [(math.log(c), math.log(v)) for c, v in pts] for s, pts in points.items() if pts}
+    sxy = sxx = 0.0
+    for pts in logs.values():  # slope within each seed: the offsets take the seeds' differences
+        mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+        sxy, sxx = sxy + sum((x - mx) * (y - my) for x, y in pts), sxx + sum((x - mx) ** 2 for x, _ in pts)
+    if sxx <= 0 or sxy >= 0:
+        return None
+    b = -sxy / sxx
+    flops = [c for pts in points.values() for c, _ in pts]
+    return b, {s: sum(y + b * x for x, y in pts) / len(pts) for s, pts in logs.items()}, (min(flops), max(flops))
+
+def fitted_multiplier(fit, seed, loss, flops):
+    """(the FLOPs the fitted reference of `seed` needs to reach `loss`, over `flops`; how far that lies beyond the
+    fitted FLOPs, as a factor: 1.0 inside them)."""
+    b, offsets, (low, high) = fit
+    need = math.exp((offsets[seed] - math.log(loss)) / b)
+    return need / flops, max(need / high, low / need, 1.0)
+
+def add_compute_multipliers(rows, curves, fits, reference):
+    """Each finished run's compute multiplier and how it was read (row['compute_multiplier'], 'multiplier_note'):
+    with fits ({depth: fit_power_law(...)}, from --budgets), off its seed's power law; without, off the reference's
+    own training curve (curves: {(depth, variant, seed): {iter: (FLOPs, val loss)}}; its lr not yet decayed)."""
+    for row in rows:
+        if row['status'] != 'done' or row['variant'] == reference:
+            continue
+        fit, ref = fits.get(row['depth']), curves.get((row['depth'], reference, row['seed']))
+        if fits and fit and row['seed'] in fit[1]:
+            row['compute_multiplier'], beyond = fitted_multiplier(fit, row['seed'], row['val_loss'], row['train_flops'])
+            row['multiplier_note'] = f"extrapolated x{beyond:.2f}" if beyond > 1 else 'fitted'
+        elif not fits and ref:
+            row['compute_multiplier'], bound = compute_multiplier([ref[it] for it in sorted(ref)], row['val_loss'],
+                                                                  row['train_flops'])
+            row['multiplier_note'] = 'lower bound' if bound else 'reference curve'
+
+def print_fits(rows, fits, reference):
+    """The fitted power law per depth and the runs read beyond its range; without fits, what '>' means."""
+    for d, fit in fits.items():
+        far = [float(r['multiplier_note'][14:]) for r in rows if r['depth'] == d and r['compute_multiplier'] is not None
+               and r['multiplier_note'].startswith('extrapolated')]
+        print(f"{d} layers: {reference}'s loss ~ FLOPs^-{fit[0]:.4f} over {fit[2][0]:.3g}-{fit[2][1]:.3g} FLOPs" + (
+            f"; ~ {len(far)} run(s) beyond that range, up to x{max(far):.2f}: extrapolated" if far else '')
+            if fit else f"{d} layers: no fit ({reference} needs two budgets finished with loss falling with compute)")
+    if not fits:
+        print(f"> a lower bound: {reference} never got to that loss in a seed; --budgets=... fits its loss against "
+              "compute")
+
+def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_better=True, floor_column=None):
+    """Per depth and variant: mean over seeds, 95% interval, paired difference to the reference (the first
+    variant) with its interval and verdict; then the compute multiplier, or how the mean compares with a floor
+    (the majority baseline). rows: sweep.csv's rows as sweep.py builds them (numbers, None where empty)."""
+    reference = variants[0]
+    how = f"fitted over {n_budgets} budgets" if n_budgets else 'off its training curve'
+    last = 'vs majority baseline' if floor_column else f'compute multiplier (x {reference} FLOPs, {how})'
+    print(f"\n{title}: mean ± 95% interval over seeds, difference to {reference} paired by seed\n{'depth':>5}  "
+          f"{'variant':<16} {'n':>2}  {column:<17}  {'vs ' + reference:<19} {'verdict':<18} {last}\n" + '-' * 110)
+    for d in depths:
+        done = {v: {r['seed']: r for r in rows if (r['depth'], r['variant'], r['status'], r['budget'])
+                    == (d, v, 'done', None)} for v in variants}
+        for v, mine in done.items():
+            m, h = mean_ci([r[column] for r in mine.values()]) if mine else (math.nan, math.nan)
+            line, extra = f"{d:>5}  {v:<16} {len(mine):>2}  {m:.4f} ± {h:<8.4f}", ''
+            pairs = [s for s in mine if s in done[reference]] if v != reference else []
+            if pairs:
+                dm, dh = mean_ci([mine[s][column] - done[reference][s][column] for s in pairs])
+                star = '*' if len(pairs) < len(mine) else ' '
+                line += f"  {dm:+.4f} ± {dh:<8.4f}{star} {verdict(dm, dh, lower_is_better)}"
+            mults = [r for r in mine.values() if r['compute_multiplier'] is not None]
+            if floor_column and mine:  # "above" only when the whole interval is above the floor
+                floor = sum(r[floor_column] for r in mine.values()) / len(mine)
+                where = verdict(m - floor, h, lower_is_better)
+                extra = f"{floor:.4f}: {dict(better='above', worse='below').get(where, where)}"
+            elif mults:
+                mm, mh = mean_ci([r['compute_multiplier'] for r in mults])
+                mark = '>' if any(r['multiplier_note'] == 'lower bound' for r in mults) else '~' if any(
+                    r['multiplier_note'].startswith('extrapolated') for r in mults) else ''
+                extra = f"{mark}{mm:.3f} ± {mh:.3f}"
+            print(f"{line:<73} {extra}".rstrip() if mine else f"{d:>5}  {v:<16}  0  (no finished runs)")
+
+def plot_sweep(path, curves, depths, variants, fits, reference_ends):
+    """Final val loss against depth, then a panel per depth: val loss against training FLOPs over training, with
+    the reference's final losses at its budgets and the power law fitted through them. curves: {(depth, variant,
+    seed): {iter: (FLOPs, val loss)}} of the finished runs; fits: {depth: fit_power_law(...)}; reference_ends:
+    {depth: [(FLOPs, final val loss)] of the reference's runs at every budget}."""
+    import matplotlib  # only here: plot=False needs no matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    reference = variants[0]
+    fig, axes = plt.subplots(1, 1 + len(depths), figsize=(4.2 * (1 + len(depths)), 4.2))
+    for v in variants:
+        by_depth = [[c for (cd, cv, _), c in curves.items() if (cd, cv) == (d, v)] for d in depths]
+        pts = [(d, *mean_ci([c[max(c)][1] for c in cs])) for d, cs in zip(depths, by_depth) if cs]
+        if pts:
+            d, m, h = zip(*pts)
+            axes[0].errorbar(d, m, h, marker='o', capsize=3, label=v)  # one seed: no interval (nan)
+        for ax, cs in zip(axes[1:], by_depth):
+            its = sorted(set.intersection(*map(set, cs)) - {0}) if cs else []  # no log(0 FLOPs)
+            if its:
+                x = [sum(c[it][0] for c in cs) / len(cs) for it in its]
+                m, h = zip(*(mean_ci([c[it][1] for c in cs]) for it in its))
+                ax.plot(x, m, marker='.', label=f"{v} ({len(cs)} seeds)")
+                ax.fill_between(x, [a - b for a, b in zip(m, h)], [a + b for a, b in zip(m, h)], alpha=0.2)
+    for ax, d in zip(axes[1:], depths):  # the reference's final losses at its budgets, and the fit through them
+        if fits.get(d):
+            b, offsets, (low, high) = fits[d]
+            x = [low * (high / low) ** (i / 20) for i in range(21)]
+            a = sum(offsets.values()) / len(offsets)
+            ax.plot(x, [math.exp(a) * c ** -b for c in x], 'k--', lw=1, label=f"{reference} fit: FLOPs^-{b:.3f}")
+            ax.plot(*zip(*reference_ends[d]), 'kx', label=f"{reference}, final at each budget")
+    axes[0].set(xscale='log', xlabel='n_layer', ylabel='final val loss', title='final val loss (mean, 95% interval)')
+    axes[0].set_xticks(depths, [str(d) for d in depths])
+    for ax, d in zip(axes[1:], depths):
+        ax.set(xscale='log', xlabel='training FLOPs', ylabel='val loss', title=f"{d} layers: val loss (mean, 95% band)")
+    for ax in axes:
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # labels at powers of 10 only
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
