@@ -239,7 +239,7 @@ def run_setting(sname, kv, mode, names, shape, batches, dev, ctx, peak, save=lam
 
 
 if __name__ == '__main__':
-    config = configure(globals(), nullable=('n_kv_head', 'gqa_kv_head', 'mlp_hidden'))
+    config = configure(globals())
     names = [v.strip() for v in variants.split(',') if v.strip()]
     if not names or len(set(names)) != len(names):
         raise UserError(f"--variants needs distinct names, got '{variants}' (e.g. --variants=baseline,lime,hc)")

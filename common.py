@@ -51,16 +51,20 @@ def _type_name(t):
     return {bool: 'bool', int: 'int', float: 'float', str: 'str', type(None): 'None'}.get(t, t.__name__)
 
 
-def check_value(key, value, default, nullable=(), tristate=()):
-    """value, coerced where allowed (int -> float), if its type matches the default's; else UserError."""
-    if key in tristate:
-        if isinstance(value, bool) or value == 'auto':
-            return value
-        raise UserError(f"{key}={value!r}: expected 'auto', True or False")
-    if key in nullable:
+def check_value(key, value, default, nullable=()):
+    """value, coerced where allowed (int -> float), if it is of the kind the default says; else UserError.
+    A default of None: an optional count, None or an int (n_kv_head, limit, ...). 'auto': the script chooses
+    unless told, 'auto', a bool or a string (compile: True or False; device, dtype: a name); the script
+    checks which. Any other default: its own type. `nullable`: options that also take None though their
+    default is a count (sample.py's top_k: 200, or None for no limit)."""
+    if default is None or key in nullable:
         if value is None or type(value) is int:
             return value
         raise UserError(f"{key}={value!r}: expected int or None, got {_type_name(type(value))}")
+    if default == 'auto':
+        if isinstance(value, (bool, str)):
+            return value
+        raise UserError(f"{key}={value!r}: expected 'auto', a bool or a string, got {_type_name(type(value))}")
     expected = type(default)
     if expected is float and type(value) is int:
         return float(value)
@@ -98,11 +102,12 @@ def _exec_config_file(path, config):
             and type(v).__name__ != 'module' and not (k in config and v is config[k])}
 
 
-def configure(namespace, argv=None, nullable=(), tristate=(), positional=None, extra=None):
+def configure(namespace, argv=None, nullable=(), positional=None, extra=None):
     """nanoGPT's configurator: the plain values of `namespace` (a script's globals(); not names starting
     with '_' or written in CAPITALS) are the defaults; config files (path.py, exec'd), then --key=value
-    override them, in order, each checked against its default's type. Updates `namespace` in place and
-    returns the config dict (saved in checkpoints). Installs the one-line error handler (see excepthook).
+    override them, in order, each checked against its default (check_value says how; `nullable` is its).
+    Updates `namespace` in place and returns the config dict (saved in checkpoints). Installs the one-line
+    error handler (see excepthook).
     `positional`: the key a bare word (not a .py file) sets, e.g. prepare.py's dataset. `extra`: a dict
     that collects the keys `namespace` does not have instead of refusing them, each as the text of a
     --key=<text> that gives its value back (sweep.py passes them on to train.py, which checks them).
@@ -130,7 +135,7 @@ def configure(namespace, argv=None, nullable=(), tristate=(), positional=None, e
             raise UserError(f"unknown config key '{key}' ({where}){hint}")
         else:
             try:
-                config[key] = check_value(key, value, defaults[key], nullable, tristate)
+                config[key] = check_value(key, value, defaults[key], nullable)
             except UserError as e:
                 raise UserError(f"{e} ({where})") from None
 
@@ -263,7 +268,7 @@ def resolve_device(device):
     mps = getattr(torch.backends, 'mps', None) is not None and torch.backends.mps.is_available()
     if device == 'auto':
         device = 'cuda' if torch.cuda.is_available() else 'mps' if mps else 'cpu'
-    kind, _, index = device.partition(':')
+    kind, _, index = str(device).partition(':')  # device=True (a bool: 'auto' takes them) is refused below
     if kind not in ('cpu', 'cuda', 'mps') or (index and kind != 'cuda'):
         raise UserError(f"device={device!r}: expected 'auto', 'cpu', 'cuda', 'cuda:<n>' or 'mps'")
     if kind == 'cuda' and not torch.cuda.is_available():

@@ -61,7 +61,7 @@ def hub_reachable():
 
 
 if __name__ == '__main__':  # (imported, e.g. by tests, it only defines the adapter)
-    config = configure(globals(), nullable=('num_fewshot', 'limit'))
+    config = configure(globals())
     # no network: the hub libraries then use their caches at once (a cached dataset still works) instead of
     # retrying for half a minute per file; must be decided before they are imported
     offline_vars = ('HF_HUB_OFFLINE', 'HF_DATASETS_OFFLINE')

@@ -165,7 +165,7 @@ def prepare_docs(docs, out_dir, num_tokens, num_proc, batch_size=1024):
 # -----------------------------------------------------------------------------
 
 if __name__ == '__main__':
-    configure(globals(), positional='dataset', nullable=('samples',))
+    configure(globals(), positional='dataset')
     files = [f for f in files.split(',') if f]
     if dataset not in DATASETS and not arithmetic_tiers(dataset):
         raise UserError(f"unknown dataset '{dataset}'; choose from {', '.join(DATASETS)} "

@@ -31,7 +31,7 @@ device = 'auto'            # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', '
 dtype = 'auto'             # 'auto' (bfloat16 on CUDA if supported, else float16; float32 elsewhere)
 use_cache = True           # KV cache: same samples, faster
 # -----------------------------------------------------------------------------
-configure(globals(), nullable=('top_k',))
+configure(globals(), nullable=('top_k',))  # top_k's default is a count, yet None (no limit) is allowed too
 
 if max_new_tokens < 1:
     raise UserError(f"max_new_tokens={max_new_tokens} must be >= 1")

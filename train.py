@@ -94,14 +94,15 @@ compile = 'auto'           # 'auto' (on CUDA only), True or False
 seed = 1337
 peak_flops = 0.0           # per-device peak FLOP/s for MFU; 0.0: from the GPU's name (common.py), none on CPU
 # -----------------------------------------------------------------------------
-config = configure(globals(), nullable=('n_kv_head', 'mlp_hidden'), tristate=('compile',))
+config = configure(globals())
 hf_dir = init_from[len('hf:'):] if init_from.startswith('hf:') else None  # a Llama's folder to start from
 
 # everything that can be checked is checked before any work
 check_ranges({**config, 'init_from': 'hf:DIR' if hf_dir else init_from},
              at_least_1=('batch_size', 'total_batch_size', 'block_size', 'eval_interval', 'log_interval',
                          'eval_iters'), at_least_0=('max_iters', 'warmup_iters', 'lr_decay_iters', 'seed'),
-             choices={'optimizer': ('adamw', 'muon'), 'init_from': ('scratch', 'resume', 'hf:DIR')},
+             choices={'optimizer': ('adamw', 'muon'), 'init_from': ('scratch', 'resume', 'hf:DIR'),
+                      'compile': ('auto', True, False)},
              finite=('router_lr', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'),
              positive=('learning_rate', 'muon_lr'), fraction=('dropout', 'beta1', 'beta2', 'muon_momentum'))
 if decay_lr and lr_decay_iters <= warmup_iters:

@@ -155,7 +155,7 @@ def memory_section(sname, kv, mode):
                   f"{layer_counts[-1]} ({xs[-1] - xs[0]:+.3f})")
 
 
-configure(globals(), nullable=('n_kv_head', 'gqa_kv_head', 'mlp_hidden'))
+configure(globals())
 names = [v.strip() for v in variants.split(',') if v.strip()]
 chosen = [s.strip() for s in sections.split(',') if s.strip()]
 if not chosen or any(s not in ('profile', 'decode', 'memory') for s in chosen):

@@ -1,13 +1,16 @@
 """common.py: the choices it makes for the device a run is on; loading checkpoints written by earlier
-versions of the model's options."""
+versions of the model's options; what each option takes, as its default says (configuration)."""
+import ast
 import importlib.util
+import os
+import sys
 
 import pytest
 import torch
 
 import checkpoint
 import common
-from conftest import run
+from conftest import REPO, run, script_here
 from model import GPT, GPTConfig
 
 
@@ -71,3 +74,87 @@ def test_old_model_options_load_as_what_they_were(tmp_path):
     write_ckpt(tmp_path / 'vr.pt', value_residual=True)
     with pytest.raises(common.UserError, match="uses value_residual, which this version no longer has"):
         checkpoint.load_checkpoint(str(tmp_path / 'vr.pt'))
+
+
+# ----------------------------------------------------------------------------- configuration
+@pytest.mark.parametrize('default, value, want', [
+    (None, 3, 3), (None, None, None),  # None: an optional count
+    ('auto', 'auto', 'auto'), ('auto', True, True), ('auto', False, False), ('auto', 'cuda:1', 'cuda:1'),
+    (1.0, 2, 2.0), (2, 3, 3), ('out', 'x', 'x'), (False, True, True)])  # anything else: the default's type
+def test_the_default_says_what_an_option_takes(default, value, want):
+    got = common.check_value('key', value, default)
+    assert got == want and type(got) is type(want)
+
+
+@pytest.mark.parametrize('default, value, message', [
+    (None, 'abc', "key='abc': expected int or None, got str"),
+    (None, 2.5, "key=2.5: expected int or None, got float"),
+    (None, True, "key=True: expected int or None, got bool"),
+    ('auto', 1, "key=1: expected 'auto', a bool or a string, got int"),
+    ('auto', None, "key=None: expected 'auto', a bool or a string, got None"),
+    (200, None, "key=None: expected int, got None"),
+    ('cpu', True, "key=True: expected str, got bool"),
+    (False, 'auto', "key='auto': expected bool, got str")])
+def test_what_the_default_refuses(default, value, message):
+    with pytest.raises(common.UserError) as e:
+        common.check_value('key', value, default)
+    assert str(e.value) == message
+
+
+def test_nullable_is_for_a_count_that_also_takes_none():
+    """sample.py's top_k: 200 by default, None for no limit; nothing else changes."""
+    assert common.check_value('top_k', None, 200, nullable=('top_k',)) is None
+    assert common.check_value('top_k', 50, 200, nullable=('top_k',)) == 50
+    with pytest.raises(common.UserError, match="top_k='all': expected int or None, got str"):
+        common.check_value('top_k', 'all', 200, nullable=('top_k',))
+
+
+def script_defaults(script):
+    """A script's options as configure() finds them: its top-level NAME = <constant>."""
+    tree = ast.parse(open(os.path.join(REPO, script)).read())
+    return {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant) for t in node.targets if isinstance(t, ast.Name)}
+
+
+@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'eval.py', 'prepare.py', 'analyze.py', 'bench.py',
+                                    'arithmetic.py', 'sweep.py', 'export.py', 'dev/bench_detail.py'])
+def test_every_script_configures_without_lists(script, monkeypatch):
+    """What each script's None and 'auto' options take, from the command line and from a config file, with
+    configure(globals()) and nothing more: None or a count; 'auto', True, False or a name."""
+    monkeypatch.setattr(sys, 'excepthook', sys.excepthook)  # configure() installs its own
+    defaults = script_defaults(script)
+    optional = [k for k, v in defaults.items() if v is None]
+    auto = [k for k, v in defaults.items() if v == 'auto']
+    assert script not in ('train.py', 'eval.py', 'bench.py') or (optional and auto), defaults
+    for key in optional:
+        assert common.configure(dict(defaults), [f'--{key}=4'])[key] == 4
+        assert common.configure(dict(defaults), [f'--{key}=4', f'--{key}=None'])[key] is None  # later wins
+        with pytest.raises(common.UserError, match=rf"^{key}='abc': expected int or None, got str \(--{key}=abc\)$"):
+            common.configure(dict(defaults), [f'--{key}=abc'])
+    for key in auto:
+        for raw, want in (('True', True), ('False', False), ('auto', 'auto'), ('cpu', 'cpu')):
+            got = common.configure(dict(defaults), [f'--{key}={raw}'])[key]
+            assert got == want and type(got) is type(want)
+
+
+def test_a_config_file_sets_none_and_auto_options(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, 'excepthook', sys.excepthook)
+    f = tmp_path / 'cfg.py'
+    f.write_text("n_kv_head = 2\nmlp_hidden = None\ncompile = False\n")
+    c = common.configure(script_defaults('train.py'), [str(f)])
+    assert (c['n_kv_head'], c['mlp_hidden'], c['compile']) == (2, None, False)
+    f.write_text("compile = 1\n")
+    with pytest.raises(common.UserError, match=rf"^compile=1: expected 'auto', a bool or a string, got int \({f}\)$"):
+        common.configure(script_defaults('train.py'), [str(f)])
+
+
+@pytest.mark.parametrize('script, args, message', [
+    ('train.py', ['--compile=maybe'], "compile='maybe': expected 'auto', True or False"),
+    ('train.py', ['--compile=None'], "compile='None': expected 'auto', True or False"),
+    ('sample.py', ['--device=True'], "device=True: expected 'auto', 'cpu', 'cuda', 'cuda:<n>' or 'mps'"),
+    ('sample.py', ['--dtype=False'], "dtype=False: expected 'auto', 'float32', 'bfloat16' or 'float16'")])
+def test_the_script_checks_its_auto_options(script, args, message, tmp_path):
+    """An 'auto' option takes any bool or name from configure(); the script refuses the ones it has no use for."""
+    with pytest.raises(common.UserError) as e:
+        script_here(script, f'--out_dir={tmp_path}', *args)
+    assert str(e.value) == message

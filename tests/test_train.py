@@ -342,7 +342,7 @@ def test_config_parsing_types_and_files(train_config, tmp_path):
     assert train_config('--debug')['debug'] is True
     assert train_config('--eval_only')['eval_only'] is True  # a bare flag sets a bool key
     for bad, msg in [(['--lime=1'], 'expected bool, got int'), (['--batch_size=2.5'], 'expected int, got float'),
-                     (['--n_layers=3'], "did you mean 'n_layer'"), (['--compile=maybe'], "expected 'auto'"),
+                     (['--n_layers=3'], "did you mean 'n_layer'"), (['--n_kv_head=abc'], 'expected int or None'),
                      (['--batch_size'], 'expected --key=value'),
                      (['--gradient_accumulation_steps=2'], "unknown config key 'gradient_accumulation_steps'")]:
         with pytest.raises(common.UserError, match=msg):
