@@ -11,8 +11,8 @@ on the dataset's val.bin (data/<dataset>/, read with meta.pkl):
   * router map (LIMe only): for layer l >= 1, |R^l| averaged over heads for every
     source layer j <= l, normalised per layer (rows sum to 1; layer 0 reads only
     itself) -> router_map.csv / router_map.png
-  * matrix-based Renyi entropy (alpha 0.99, float64 eigenvalues, K = Z Z^T,
-    p = lambda / tr K) per layer of
+  * matrix-based Renyi entropy of order renyi_order (0.99; the paper's alpha,
+    Sec. 5.2), float64 eigenvalues, K = Z Z^T, p = lambda / tr K, per layer of
       - values: the output of the layer's W_V (the v half of attn.kv_proj),
       - hidden: the residual stream after each block (HC streams summed),
       - routed_values (LIMe, static routers): the values attention actually
@@ -57,7 +57,7 @@ from model import route_reference
 save_dir = ''          # '' = per-run files into each out_dir, combined files into the first
 device = 'cpu'
 num_tokens = 4096      # validation tokens for the entropy
-alpha = 0.99           # Renyi entropy order
+renyi_order = 0.99     # the Renyi entropy's order (the paper's alpha, Sec. 5.2)
 probe_words = ''       # '' = is,are,was,were (arithmetic: 1,2,3,4)
 max_per_word = 400     # occurrences per word for the probe
 folds = 5
@@ -73,10 +73,10 @@ seed = 0
 # ----------------------------------------------------------------------------- pure functions
 
 
-def renyi_entropy(Z, alpha=0.99):
+def renyi_entropy(Z, order=0.99):
     """Matrix-based Renyi entropy of the rows of Z (t x d).
 
-    K = Z Z^T, p_i = lambda_i(K) / tr(K), S = log(sum_i p_i^alpha) / (1 - alpha).
+    K = Z Z^T, p_i = lambda_i(K) / tr(K), S = log(sum_i p_i^order) / (1 - order) (the paper's S_alpha, Sec. 5.2).
     The nonzero eigenvalues of Z Z^T and Z^T Z coincide, so the smaller Gram
     matrix is decomposed (float64). t orthogonal rows of equal norm give log t;
     a rank-one Z gives 0.
@@ -90,9 +90,9 @@ def renyi_entropy(Z, alpha=0.99):
         return 0.0
     p = lam / tr
     p = p[p > 0]
-    if abs(1 - alpha) < 1e-12:  # the Shannon limit
+    if abs(1 - order) < 1e-12:  # the Shannon limit
         return float(-(p * p.log()).sum())
-    return float(torch.log((p ** alpha).sum()) / (1 - alpha))
+    return float(torch.log((p ** order).sum()) / (1 - order))
 
 
 def router_map(model):
@@ -107,12 +107,12 @@ def router_map(model):
     L = len(blocks)
     M = np.zeros((L, L))
     M[0, 0] = 1.0
-    for l in range(1, L):
-        R = blocks[l].attn.router.matrix().detach().abs().double().cpu()  # (H_kv, (l+1)*H_kv)
+    for layer in range(1, L):
+        R = blocks[layer].attn.router.matrix().detach().abs().double().cpu()  # (H_kv, (layer+1)*H_kv)
         n_kv = R.shape[0]
-        per_layer = R.view(n_kv, l + 1, n_kv).mean(dim=(0, 2)).numpy()
-        s = per_layer.sum()
-        M[l, :l + 1] = per_layer / s if s > 0 else 1.0 / (l + 1)
+        per_source = R.view(n_kv, layer + 1, n_kv).mean(dim=(0, 2)).numpy()
+        total = per_source.sum()
+        M[layer, :layer + 1] = per_source / total if total > 0 else 1.0 / (layer + 1)
     return M
 
 
@@ -258,12 +258,12 @@ class Recorder:
                 self.model(windows[i:i + batch_size].to(device))  # hooks see every position
         self.keep = None
         L = len(self.model.transformer.h)
-        kv = [torch.cat(self.store['kv'][l]) for l in range(L)]  # (N, 2, H_kv, d_h)
+        kv = [torch.cat(self.store['kv'][layer]) for layer in range(L)]  # (N, 2, H_kv, d_h)
         reps = {'values': [x[:, 1].flatten(1) for x in kv]}
         rv = routed_values(self.model, kv)
         if rv is not None:
             reps['routed_values'] = rv
-        reps['hidden'] = [torch.cat(self.store['hidden'][l]) for l in range(L)]
+        reps['hidden'] = [torch.cat(self.store['hidden'][layer]) for layer in range(L)]
         return reps
 
     def close(self):
@@ -288,10 +288,10 @@ def routed_values(model, kv):
     if not model.config.lime or model.config.router == 'dynamic':
         return None
     out = [kv[0][:, 1].flatten(1)]  # layer 0 reads its own values
-    for l in range(1, len(kv)):
-        R = model.transformer.h[l].attn.router.matrix().detach().double().cpu()
+    for layer in range(1, len(kv)):
+        R = model.transformer.h[layer].attn.router.matrix().detach().double().cpu()
         # the stacked KV (S, 2, B, T, d_h), each recorded position a sequence of length 1
-        sources = torch.cat(kv[:l + 1], dim=2).permute(2, 1, 0, 3).unsqueeze(3).double()
+        sources = torch.cat(kv[:layer + 1], dim=2).permute(2, 1, 0, 3).unsqueeze(3).double()
         out.append(route_reference(R, sources)[:, 1, :, 0].transpose(0, 1).flatten(1).float())
     return out
 
@@ -373,10 +373,10 @@ def plot_router_map(plt, M, title, path):
     masked = np.ma.masked_where(np.triu(np.ones_like(M), 1) > 0, M)
     im = ax.imshow(masked, cmap='viridis', vmin=0, vmax=1, origin='upper')
     if L <= 16:
-        for l in range(L):
-            for j in range(l + 1):
-                ax.text(j, l, f'{M[l, j]:.2f}', ha='center', va='center', fontsize=7,
-                        color='white' if M[l, j] < 0.6 else 'black')
+        for layer in range(L):
+            for source in range(layer + 1):
+                ax.text(source, layer, f'{M[layer, source]:.2f}', ha='center', va='center', fontsize=7,
+                        color='white' if M[layer, source] < 0.6 else 'black')
     ax.set_xlabel('source layer j (buffered keys/values)')
     ax.set_ylabel('layer l')
     ax.set_xticks(range(L))
@@ -505,9 +505,9 @@ def analyze_run(out_dir, model, ckpt):
     rec = Recorder(model)
     try:
         reps = rec.run(entropy_windows(val, T, num_tokens), batch_size=batch_size)
-        res['entropy'] = {k: [renyi_entropy(Z[:num_tokens], alpha) for Z in v] for k, v in reps.items()}
+        res['entropy'] = {k: [renyi_entropy(Z[:num_tokens], renyi_order) for Z in v] for k, v in reps.items()}
         res['entropy_tokens'] = int(min(num_tokens, len(reps['hidden'][0])))
-        res['alpha'] = alpha
+        res['renyi_order'] = renyi_order
         words = probe_words or ('1,2,3,4' if ds.startswith('arithmetic') else 'is,are,was,were')
         positions = find_word_positions(val, ckpt['meta'], encode, decode, [w for w in words.split(',') if w])
         res['separability'] = separability(rec, val, positions, min(T, probe_context or T), max_per_word,
@@ -531,8 +531,8 @@ if __name__ == '__main__':
     for key in ('context', 'probe_context', 'seed'):
         if globals()[key] < 0:
             raise UserError(f"{key}={globals()[key]} must be >= 0")
-    if not (math.isfinite(alpha) and alpha > 0):
-        raise UserError(f"alpha={alpha} must be a finite number > 0 (the Renyi entropy's order)")
+    if not (math.isfinite(renyi_order) and renyi_order > 0):
+        raise UserError(f"renyi_order={renyi_order} must be a finite number > 0")
     if data_dir and not os.path.isdir(data_dir):
         raise UserError(f"data_dir={data_dir} is not a directory; point it at the folder holding <dataset>/")
     for d in out_dirs:  # a mistyped run is named, not created and filled with empty analysis files
@@ -584,7 +584,7 @@ if __name__ == '__main__':
         if res['router_map'] is not None:
             M = np.array(res['router_map'])
             write_csv(run_path(i, 'router_map.csv'), ['layer'] + [f'src{j}' for j in range(len(M))],
-                      [[l] + [f'{x:.6f}' for x in M[l]] for l in range(len(M))])
+                      [[layer] + [f'{x:.6f}' for x in M[layer]] for layer in range(len(M))])
             if plt is not None:
                 plot_router_map(plt, M, f'{names[i]}: normalised mean |router| weight', run_path(i, 'router_map.png'))
         msg = [f'{names[i]} ({res["family"]}, {res["model_args"].get("n_layer")} layers)']
@@ -603,18 +603,18 @@ if __name__ == '__main__':
         rows = []
         for r in results:
             for kind, v in (r.get('entropy') or {}).items():
-                rows += [[r['run'], r['family'], kind, l, f'{x:.6f}'] for l, x in enumerate(v)]
+                rows += [[r['run'], r['family'], kind, layer, f'{x:.6f}'] for layer, x in enumerate(v)]
         write_csv(os.path.join(combined_dir, 'entropy.csv'), ['run', 'family', 'kind', 'layer', 'entropy'], rows)
         rows = []
         for r in results:
             sep = r.get('separability') or {}
             for kind in ('values', 'routed_values', 'hidden'):
-                rows += [[r['run'], r['family'], kind, l, f'{m:.6f}', f'{s:.6f}', sep.get('n_per_word')]
-                         for l, (m, s) in enumerate(sep.get(kind) or [])]
+                rows += [[r['run'], r['family'], kind, layer, f'{m:.6f}', f'{s:.6f}', sep.get('n_per_word')]
+                         for layer, (m, s) in enumerate(sep.get(kind) or [])]
         write_csv(os.path.join(combined_dir, 'separability.csv'),
                   ['run', 'family', 'kind', 'layer', 'accuracy', 'std', 'n_per_word'], rows)
         if plt is not None:
-            plot_per_layer(plt, results, 'entropy', f'Renyi entropy (alpha={alpha})',
+            plot_per_layer(plt, results, 'entropy', f'Renyi entropy (order {renyi_order})',
                            os.path.join(combined_dir, 'entropy.png'))
             plot_per_layer(plt, results, 'separability', f'{folds}-fold probe accuracy',
                            os.path.join(combined_dir, 'separability.png'), with_std=True)

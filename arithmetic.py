@@ -236,7 +236,7 @@ def _meta():
 
 
 def _encode_lines(lines, stoi):
-    text = ''.join(l + '\n' for l in lines)
+    text = ''.join(line + '\n' for line in lines)
     lut = np.zeros(128, dtype=np.uint16)
     for ch, i in stoi.items():
         lut[ord(ch)] = i
@@ -245,7 +245,7 @@ def _encode_lines(lines, stoi):
 
 def _write_lines(path, lines):
     with open(path, 'w') as f:
-        f.write(''.join(l + '\n' for l in lines))
+        f.write(''.join(line + '\n' for line in lines))
 
 
 def prepare(out_dir, samples=50000, seed=1337, force=False, tiers=TIERS,
@@ -279,7 +279,7 @@ def prepare(out_dir, samples=50000, seed=1337, force=False, tiers=TIERS,
     info = {'seed': seed, 'tiers': list(tiers), 'tier_counts': 'operators (tier N: N+1 numbers)',
             'max_leaf': max_leaf, 'bound': bound, 'max_line_len': 0, 'sizes': {}}
     for split, per_tier in splits.items():
-        lines = [l for n_ops in tiers for l in per_tier[n_ops]]
+        lines = [line for n_ops in tiers for line in per_tier[n_ops]]
         if split != 'test':
             random.Random(seed + 2).shuffle(lines)
         _write_lines(os.path.join(out_dir, f'{split}.txt'), lines)
@@ -291,7 +291,7 @@ def prepare(out_dir, samples=50000, seed=1337, force=False, tiers=TIERS,
             ids.tofile(os.path.join(out_dir, f'{split}.bin'))
             info['sizes'][split + '_tokens'] = int(len(ids))
         info['sizes'][split + '_lines'] = len(lines)
-        info['max_line_len'] = max(info['max_line_len'], max(len(l) for l in lines))
+        info['max_line_len'] = max(info['max_line_len'], max(len(line) for line in lines))
     with open(os.path.join(out_dir, 'meta.pkl'), 'wb') as f:
         pickle.dump(meta, f)
     with open(os.path.join(out_dir, 'info.json'), 'w') as f:
@@ -421,18 +421,18 @@ if __name__ == '__main__':
     if not os.path.isfile(path):
         raise UserError(f"no {path}; {make_hint(data_dir)}")
     with open(path) as f:
-        lines = [l for l in f.read().split('\n') if l]
-    for i, l in enumerate(lines):
-        if not (_ALLOWED_LINE_RE.match(l) and '=' in l and l.rsplit('=', 1)[1].isdigit()):
-            raise UserError(f"{path} is corrupt: line {i + 1} ({l[:60]!r}) is not an example expression=...=result; "
+        lines = [line for line in f.read().split('\n') if line]
+    for i, line in enumerate(lines):
+        if not (_ALLOWED_LINE_RE.match(line) and '=' in line and line.rsplit('=', 1)[1].isdigit()):
+            raise UserError(f"{path} is corrupt: line {i + 1} ({line[:60]!r}) is not an example expression=...=result; "
                             f"{make_hint(data_dir, force=True)}")
     if max_examples:
         kept, per = [], {}
-        for l in lines:
-            n = count_ops(l.split('=', 1)[0])
-            if per.get(n, 0) < max_examples:
-                per[n] = per.get(n, 0) + 1
-                kept.append(l)
+        for line in lines:
+            n_ops = count_ops(line.split('=', 1)[0])
+            if per.get(n_ops, 0) < max_examples:
+                per[n_ops] = per.get(n_ops, 0) + 1
+                kept.append(line)
         lines = kept
     if not lines:  # a result file is never replaced by the score of nothing
         raise UserError(f"{path} has no examples; {make_hint(data_dir, force=True)}")

@@ -230,13 +230,13 @@ def read_log(out_dir):
     records, path = [], os.path.join(out_dir, 'log.jsonl')
     if os.path.isfile(path):
         with open(path) as f:
-            for n, line in enumerate(f, 1):
+            for number, line in enumerate(f, 1):
                 try:
                     records.append(json.loads(line))
                 except ValueError:
                     continue
                 if not isinstance(records[-1], dict) or not isinstance(records[-1].get('iter'), int):
-                    raise UserError(f"{path}, line {n}: not a record of train.py ({line.strip()[:60]!r}; each line "
+                    raise UserError(f"{path}, line {number}: not a record of train.py ({line.strip()[:60]!r}; each line "
                                     "is a JSON object with its 'iter'): delete that line, or restore the file")
     return records
 

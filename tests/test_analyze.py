@@ -28,7 +28,7 @@ def test_entropy_orthogonal_rows(t, d):
     Q, _ = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
     Z = 2.5 * Q[:t]  # t orthonormal rows, equal norms
     assert analyze.renyi_entropy(Z) == pytest.approx(math.log(t), abs=1e-9)
-    assert analyze.renyi_entropy(Z, alpha=2.0) == pytest.approx(math.log(t), abs=1e-9)
+    assert analyze.renyi_entropy(Z, order=2.0) == pytest.approx(math.log(t), abs=1e-9)
 
 
 def test_entropy_rank_one():
@@ -41,9 +41,9 @@ def test_entropy_is_renyi_of_spectrum():
     # orthogonal rows with squared norms p: the spectrum of K is p itself
     p = np.array([0.5, 0.25, 0.125, 0.125])
     Z = np.diag(np.sqrt(p)) @ np.linalg.qr(np.random.default_rng(0).normal(size=(6, 6)))[0][:4]
-    for alpha in (0.5, 0.99, 2.0):
-        want = math.log((p ** alpha).sum()) / (1 - alpha)
-        assert analyze.renyi_entropy(Z, alpha) == pytest.approx(want, abs=1e-9)
+    for order in (0.5, 0.99, 2.0):
+        want = math.log((p ** order).sum()) / (1 - order)
+        assert analyze.renyi_entropy(Z, order) == pytest.approx(want, abs=1e-9)
     assert analyze.renyi_entropy(Z, 0.99) != pytest.approx(math.log(4), abs=1e-3)
 
 
@@ -102,8 +102,8 @@ def test_router_map_reads_the_routers_matrix():
 
 def test_router_map_variants():
     M = analyze.router_map(tiny(router='average')[0])
-    for l in range(4):
-        np.testing.assert_allclose(M[l, :l + 1], 1 / (l + 1), atol=1e-12)
+    for layer in range(4):
+        np.testing.assert_allclose(M[layer, :layer + 1], 1 / (layer + 1), atol=1e-12)
     M = analyze.router_map(tiny(router='last-2', n_layer=5)[0])
     np.testing.assert_allclose(M.sum(1), 1.0, atol=1e-12)
     assert M[4, 0] == 0 and M[4, 1] == 0 and M[4, 2] == 0 and M[4, 3] > 0
@@ -209,16 +209,16 @@ def test_routed_values_are_what_attention_reads(router):
     # the model's own router output (H_kv, 2, B, T, d_h) = [k~; v~]: its v~ half, position by position
     model, _ = tiny(router=router)
     seen = {}
-    for l, block in enumerate(model.transformer.h[1:], 1):
-        block.attn.router.register_forward_hook(lambda m, inp, out, l=l: seen.__setitem__(l, out[:, 1]))
+    for layer, block in enumerate(model.transformer.h[1:], 1):
+        block.attn.router.register_forward_hook(lambda m, inp, out, layer=layer: seen.__setitem__(layer, out[:, 1]))
     idx = torch.randint(0, 30, (2, 10))
     rec = analyze.Recorder(model)
     reps = rec.run(idx)
     rec.close()
     assert len(reps['routed_values']) == 4
     torch.testing.assert_close(reps['routed_values'][0], reps['values'][0])  # layer 0 reads its own values
-    for l, v in seen.items():  # (H_kv, B, T, d_h) -> (B * T, H_kv * d_h)
-        torch.testing.assert_close(reps['routed_values'][l], v.permute(1, 2, 0, 3).reshape(20, -1),
+    for layer, v in seen.items():  # (H_kv, B, T, d_h) -> (B * T, H_kv * d_h)
+        torch.testing.assert_close(reps['routed_values'][layer], v.permute(1, 2, 0, 3).reshape(20, -1),
                                    atol=1e-5, rtol=1e-5)
     assert not torch.allclose(reps['routed_values'][3], reps['values'][3])
 

@@ -158,3 +158,14 @@ def test_the_script_checks_its_auto_options(script, args, message, tmp_path):
     with pytest.raises(common.UserError) as e:
         script_here(script, f'--out_dir={tmp_path}', *args)
     assert str(e.value) == message
+
+
+@pytest.mark.parametrize('arg, message', [('--renyi_order=0', 'renyi_order=0.0 must be a finite number > 0'),
+                                          ('--renyi_order=1e999', 'renyi_order=inf must be a finite number > 0')])
+def test_the_renyi_order_is_named_as_what_it_is(arg, message, tmp_path):
+    """analyze.py's order of the Renyi entropy (the paper's alpha, Sec. 5.2) is renyi_order: alpha is HC's."""
+    with pytest.raises(common.UserError) as e:
+        script_here('analyze.py', str(tmp_path), arg)
+    assert str(e.value) == message
+    with pytest.raises(common.UserError, match="^unknown config key 'alpha'"):
+        script_here('analyze.py', str(tmp_path), '--alpha=2')
