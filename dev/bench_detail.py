@@ -2,8 +2,8 @@
 Where LIMe's time and memory go, next to the baseline: a developer's companion to bench.py. It takes
 bench.py's config keys and files (config/bench_*.py) and builds the variants from one init the same way.
 
-$ python dev/bench_detail.py config/bench_cpu_ii.py                      # all three sections
-$ python dev/bench_detail.py config/bench_cpu_ii.py --sections=profile   # top ops, LIMe minus baseline
+$ python dev/bench_detail.py config/bench_cpu_16x128.py                     # all three sections
+$ python dev/bench_detail.py config/bench_cpu_16x128.py --sections=profile  # top ops, LIMe minus baseline
 $ python dev/bench_detail.py --sections=memory --depths=4,8,16 --settings=mha-eager,mha-compiled
 
 profile  torch.profiler over profile_steps train steps per variant, interleaved: the top ops by self

@@ -192,8 +192,8 @@ def test_config_files(tmp_path):
     assert 'L=3 ' in p.stdout and 'H=2 ' in p.stdout and list(rows(p.stdout, 'mha-eager', 3)) == ['baseline']
 
 
-@pytest.mark.parametrize('name', ['bench_cpu_i', 'bench_cpu_ii', 'bench_cpu_iii', 'bench_1b', 'bench_depth_cpu',
-                                  'bench_depth_gpu'])
+@pytest.mark.parametrize('name', ['bench_cpu_4x128', 'bench_cpu_16x128', 'bench_cpu_8x256_gqa', 'bench_1b',
+                                  'bench_depth_cpu', 'bench_depth_gpu'])
 def test_shipped_configs_load(name):
     """Every key of the shipped configs is one bench.py knows (and dev/bench_detail.py, which shares them)."""
     scope = {}

@@ -2,8 +2,8 @@
 # Measures LIMe's train-step time and activation memory against the baseline at a shallow depth.
 # Acceptable: LIMe/baseline step time <= 1.08x, memory <= 1.15x (the authors' own code: 1.12x step time
 # on the same machine). Measured numbers: README, "Performance".
-# $ python bench.py config/bench_cpu_i.py --threads=2
-# $ python bench.py config/bench_cpu_i.py --threads=2 --settings=mha-compiled   # the same, compiled
+# $ python bench.py config/bench_cpu_4x128.py --threads=2
+# $ python bench.py config/bench_cpu_4x128.py --threads=2 --settings=mha-compiled   # the same, compiled
 n_layer = 4
 n_head = 4
 n_kv_head = None

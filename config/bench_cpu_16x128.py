@@ -1,9 +1,9 @@
 # CPU benchmark (ii): 16 layers, d 128, 4 heads (MHA); fp32, batch 8 x 256 tokens, vocab 256.
 # The deep one of the three: LIMe's routing reads (l+1) sources at layer l, so its cost grows with depth.
 # Acceptable: LIMe/baseline step time <= 1.25x (the authors' own code: 1.42x), memory <= 1.15x and the
-# same as at 4 layers (compare with config/bench_cpu_i.py). Measured numbers: README, "Performance".
-# $ python bench.py config/bench_cpu_ii.py --threads=2
-# $ python dev/bench_detail.py config/bench_cpu_ii.py --sections=profile   # where the time goes
+# same as at 4 layers (compare with config/bench_cpu_4x128.py). Measured numbers: README, "Performance".
+# $ python bench.py config/bench_cpu_16x128.py --threads=2
+# $ python dev/bench_detail.py config/bench_cpu_16x128.py --sections=profile   # where the time goes
 n_layer = 16
 n_head = 4
 n_kv_head = None

@@ -2,7 +2,7 @@
 # With grouped-query attention LIMe routes only 2 KV heads per layer, so it should cost almost nothing.
 # Acceptable: LIMe/baseline step time <= 1.03x (the authors' own code: 1.05x), memory <= 1.15x.
 # Measured numbers: README, "Performance".
-# $ python bench.py config/bench_cpu_iii.py --threads=2 [--variants=baseline,lime,hc]
+# $ python bench.py config/bench_cpu_8x256_gqa.py --threads=2 [--variants=baseline,lime,hc]
 n_layer = 8
 n_head = 8
 n_kv_head = 2
