@@ -1,6 +1,7 @@
 """common.py: the choices it makes for the device a run is on; loading checkpoints written by earlier
 versions of the model's options."""
 import importlib.util
+import re
 
 import pytest
 import torch
@@ -71,3 +72,29 @@ def test_old_model_options_load_as_what_they_were(tmp_path):
     write_ckpt(tmp_path / 'vr.pt', value_residual=True)
     with pytest.raises(common.UserError, match="uses value_residual, which this version no longer has"):
         checkpoint.load_checkpoint(str(tmp_path / 'vr.pt'))
+
+
+# ----------------------------------------------------------------------------- variant names
+def test_variant_grammar():
+    """One name per model variant (bench.py and sweep.py read it): components joined by '+', a mode after ':', the
+    router init after '@', options after '~'; every relative's option set, the unnamed ones to the baseline's."""
+    parse, plain = common.parse_variant, common.VARIANT_PLAIN
+    assert parse('baseline') == (plain, {})
+    assert parse('moda') == ({**plain, 'moda': True}, {}) and parse('mudd') == ({**plain, 'mudd': True}, {})
+    assert parse('lime+hc')[0] == {**plain, 'lime': True, 'hc': 4} and parse('hc8')[0] == {**plain, 'hc': 8}
+    assert parse('hc8:dynamic')[0] == {**plain, 'hc': 8, 'hc_dynamic': True}
+    assert parse('mhc')[0] == {**plain, 'hc': 4, 'mhc': 'dynamic'} == parse('mhc:dynamic')[0]
+    assert parse('mhc:static')[0] == {**plain, 'hc': 4, 'mhc': 'static'}
+    assert parse('attnres')[0] == {**plain, 'attnres': 'full'} and parse('attnres:block')[0]['attnres'] == 'block'
+    assert parse('lime:first-2+attnres:block-4')[0] == {**plain, 'lime': True, 'router': 'first-2', 'attnres': 'block-4'}
+    assert parse('lime:last-2@identity')[0] == {**plain, 'lime': True, 'router': 'last-2', 'router_init': 'identity'}
+    assert parse('lime@identity~router_lr=1e-3~weight_decay=0') == (
+        {**plain, 'lime': True, 'router_init': 'identity'}, {'router_lr': '1e-3', 'weight_decay': '0'})
+    for bad, message in [('lim', "unknown variant 'lim' in 'lim'; did you mean 'lime'?"),
+                         ('hc0', "unknown variant 'hc0'"), ('baseline+xyz', "unknown variant 'xyz'"),
+                         ('mudd:x', "'mudd:x' takes no such mode"), ('hc:static', "'hc:static' takes no such mode"),
+                         ('lime:', "'lime:' takes no such mode"), ('hc@identity', "needs lime"),
+                         ('lime~router_lr', "expected '~key=value'"), ('lime~=3', "expected '~key=value'"),
+                         ('lime~a=1~a=2', "a key is given twice after '~'")]:
+        with pytest.raises(common.UserError, match=re.escape(message)):
+            parse(bad)
