@@ -3,6 +3,7 @@ versions of the model's options; what each option takes, as its default says (co
 import ast
 import importlib.util
 import os
+import re
 import sys
 
 import pytest
@@ -169,3 +170,29 @@ def test_the_renyi_order_is_named_as_what_it_is(arg, message, tmp_path):
     assert str(e.value) == message
     with pytest.raises(common.UserError, match="^unknown config key 'alpha'"):
         script_here('analyze.py', str(tmp_path), '--alpha=2')
+
+
+# ----------------------------------------------------------------------------- variant names
+def test_variant_grammar():
+    """One name per model variant (bench.py and sweep.py read it): components joined by '+', a mode after ':', the
+    router init after '@', options after '~'; every relative's option set, the unnamed ones to the baseline's."""
+    parse, plain = common.parse_variant, common.VARIANT_PLAIN
+    assert parse('baseline') == (plain, {})
+    assert parse('moda') == ({**plain, 'moda': True}, {}) and parse('mudd') == ({**plain, 'mudd': True}, {})
+    assert parse('lime+hc')[0] == {**plain, 'lime': True, 'hc': 4} and parse('hc8')[0] == {**plain, 'hc': 8}
+    assert parse('hc8:dynamic')[0] == {**plain, 'hc': 8, 'hc_dynamic': True}
+    assert parse('mhc')[0] == {**plain, 'hc': 4, 'mhc': 'dynamic'} == parse('mhc:dynamic')[0]
+    assert parse('mhc:static')[0] == {**plain, 'hc': 4, 'mhc': 'static'}
+    assert parse('attnres')[0] == {**plain, 'attnres': 'full'} and parse('attnres:block')[0]['attnres'] == 'block'
+    assert parse('lime:first-2+attnres:block-4')[0] == {**plain, 'lime': True, 'router': 'first-2', 'attnres': 'block-4'}
+    assert parse('lime:last-2@identity')[0] == {**plain, 'lime': True, 'router': 'last-2', 'router_init': 'identity'}
+    assert parse('lime@identity~router_lr=1e-3~weight_decay=0') == (
+        {**plain, 'lime': True, 'router_init': 'identity'}, {'router_lr': '1e-3', 'weight_decay': '0'})
+    for bad, message in [('lim', "unknown variant 'lim' in 'lim'; did you mean 'lime'?"),
+                         ('hc0', "unknown variant 'hc0'"), ('baseline+xyz', "unknown variant 'xyz'"),
+                         ('mudd:x', "'mudd:x' takes no such mode"), ('hc:static', "'hc:static' takes no such mode"),
+                         ('lime:', "'lime:' takes no such mode"), ('hc@identity', "needs lime"),
+                         ('lime~router_lr', "expected '~key=value'"), ('lime~=3', "expected '~key=value'"),
+                         ('lime~a=1~a=2', "a key is given twice after '~'")]:
+        with pytest.raises(common.UserError, match=re.escape(message)):
+            parse(bad)
