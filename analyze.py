@@ -52,6 +52,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from model import route_reference
+import relatives
 
 # config: the bare words are the out_dirs, the rest --key=value (or a config file)
 save_dir = ''          # '' = per-run files into each out_dir, combined files into the first
@@ -190,8 +191,6 @@ def family(model_args):
         parts.append('MUDD')
     if a.get('moda'):
         parts.append('MoDA')
-    if a.get('value_residual'):
-        parts.append('value-residual')
     return '+'.join(parts) or 'LLaMA'
 
 
@@ -210,28 +209,24 @@ class Recorder:
         for layer, block in enumerate(model.transformer.h):
             self.handles.append(block.attn.kv_proj.register_forward_hook(self._hook('kv', layer)))
             self.handles.append(block.register_forward_hook(self._hook('hidden', layer)))
-            if model.config.hc or model.config.denseformer or model.config.attnres or model.config.mudd:  # on a stream
-                block.forward_stream = self._stream_hook(block, self._hook('hidden', layer))
-            if model.config.mudd:  # its own key and value inputs: kv_proj's halves, applied in Attention.forward
-                self.handles.append(block.attn.register_forward_hook(self._mudd_kv_hook(layer)))
+        self.handles.append(_StreamHook(self))  # a relative's stream runs the blocks itself: its own recording
 
-    def _stream_hook(self, block, record):
-        forward_stream = type(block).forward_stream
+    def record_stream(self, stream):
+        """A relative's stream (relatives.stream) that records, after each block, what the stream outputs
+        there, and for MUDDFormer the values its attention computes from its own value input."""
+        step, blocks = stream.block, list(self.model.transformer.h)
 
-        def fn(stream, *args):
-            forward_stream(block, stream, *args)
-            record(block, None, stream.output())
-        self.handles.append(_Unpatch(block))
-        return fn
-
-    def _mudd_kv_hook(self, layer):
-        record = self._hook('kv', layer)
-
-        def fn(attn, args, out):
-            if len(args) > 4 and args[4] is not None:  # kv_input: (key input, value input), normed
-                w_k, w_v = attn.kv_proj.weight.chunk(2)
-                record(attn, None, torch.cat([args[4][0] @ w_k.T, args[4][1] @ w_v.T], dim=-1))
-        return fn
+        def block_step(block, *args):
+            layer = blocks.index(block)
+            if self.model.config.mudd and layer > 0:  # kv_proj's halves on the normed key and value inputs
+                connection, (_, x_k, x_v, _) = self.model.mudd[layer - 1], stream.inputs
+                w_k, w_v = block.attn.kv_proj.weight.chunk(2)
+                kv = torch.cat([connection.ln_k(x_k) @ w_k.T, connection.ln_v(x_v) @ w_v.T], dim=-1)
+                self._hook('kv', layer)(block.attn, None, kv)
+            step(block, *args)
+            self._hook('hidden', layer)(block, None, stream.output())
+        stream.block = block_step
+        return stream
 
     def _hook(self, kind, layer):
         def fn(module, inp, out):
@@ -271,14 +266,20 @@ class Recorder:
             h.remove()
 
 
-class _Unpatch:
-    """A handle that takes a block's recording forward_stream away again, as a hook's handle does."""
+class _StreamHook:
+    """While open, every stream relatives.stream makes for the recorder's model records (Recorder.record_stream);
+    remove() closes it, as a hook's handle does."""
 
-    def __init__(self, block):
-        self.block = block
+    def __init__(self, recorder):
+        self.make = make = relatives.stream
+
+        def stream(model, x):
+            stream = make(model, x)
+            return stream if stream is None or model is not recorder.model else recorder.record_stream(stream)
+        relatives.stream = stream
 
     def remove(self):
-        self.block.__dict__.pop('forward_stream', None)
+        relatives.stream = self.make
 
 
 def routed_values(model, kv):

@@ -5,9 +5,9 @@ and is timed in interleaved rounds (A B C A B C ...), so a busy machine slows al
 
 $ python bench.py                                  # small CPU config, about a minute on 2 cores
 $ python bench.py config/bench_1b.py               # the paper's 1B shapes (Table 9), one 80 GB GPU
-$ python bench.py --variants=baseline,lime,lime-dynamic,hc --settings=mha-eager,gqa-compiled --json=b.json
+$ python bench.py --variants=baseline,lime,lime:dynamic,hc --settings=mha-eager,gqa-compiled --json=b.json
 $ python bench.py config/bench_depth_cpu.py         # LIMe's cost against depth: 8 to 64 layers, eager and compiled
-$ python bench.py config/bench_depth_cpu.py --variants=baseline,lime,attnres,attnres-block,hc,mhc --settings=mha-eager
+$ python bench.py config/bench_depth_cpu.py --variants=baseline,lime,attnres:block,mhc,mudd,moda --settings=mha-eager
 
 Profiles, decode speed and memory over depth: dev/bench_detail.py.
 """
@@ -20,11 +20,11 @@ import statistics
 import time
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
-from common import UserError, autocast, configure, peak_flops as device_peak_flops, resolve_device, resolve_dtype
+from common import (UserError, autocast, configure, parse_variant, peak_flops as device_peak_flops,
+                    resolve_device, resolve_dtype)
 from checkpoint import atomic_write, writable_dir
 import torch
-from model import GPT, GPTConfig, ROUTERS
-from relatives import ATTNRES
+from model import GPT, GPTConfig
 
 # ----------------------------------------------------------------------------- config
 n_layer = 4
@@ -38,8 +38,8 @@ vocab_size = 256
 block_size = 128          # sequence length T
 batch_size = 8
 # what to run
-variants = 'baseline,lime,hc'  # names in VARIANTS below, lime-<router> (lime-average, lime-last-2, ...),
-#                                attnres-<mode> (attnres-block, attnres-block-4), a+b
+variants = 'baseline,lime,hc'  # comma-separated variant names (common.py): lime:average, mhc:static, attnres:block,
+#                                lime+attnres:block, ...
 settings = 'mha-eager'    # <mha|gqa|kv<N>>-<eager|compiled|ro>, comma-separated; compiled = torch.compile(
 #                           model, fullgraph=True), ro = the same with mode='reduce-overhead' (CUDA graphs)
 interleave = True         # False: one variant at a time (build, time, free), for models that do not fit together
@@ -53,36 +53,15 @@ peak_flops = 0.0          # FLOP/s for MFU; 0 = from the GPU's name (none on CPU
 json = ''                 # also write every record to this file
 # -----------------------------------------------------------------------------
 
-VARIANTS = {  # name -> GPTConfig overrides
-    'baseline': {},
-    'lime': dict(lime=True),
-    'hc': dict(hc=4),
-    'hc-dynamic': dict(hc=4, hc_dynamic=True),
-    'mhc': dict(hc=4, mhc='dynamic'),
-    'mhc-static': dict(hc=4, mhc='static'),
-    'attnres': dict(attnres='full'),
-    'denseformer': dict(denseformer=True),
-    'mudd': dict(mudd=True),
-    'moda': dict(moda=True),
-}
 MODES = {'eager': None, 'compiled': 'default', 'ro': 'reduce-overhead'}
 
 
 def variant_config(name, shape):
-    """GPTConfig of a variant name ('lime', 'lime-average', 'lime+hc', ...) at the given shape."""
-    overrides = {}
-    for part in name.split('+'):
-        if part.startswith('lime-'):
-            overrides.update(lime=True, router=part[len('lime-'):])
-        elif part.startswith('attnres-'):
-            overrides.update(attnres=part[len('attnres-'):])
-        elif part in VARIANTS:
-            overrides.update(VARIANTS[part])
-        else:
-            raise UserError(f"unknown variant '{part}' in --variants: use {', '.join(VARIANTS)}, "
-                            f"lime-<router> (router: {ROUTERS}), attnres-<mode> (mode: {ATTNRES}) or two joined by '+'")
+    """GPTConfig of a variant name (common.py's grammar: lime, lime:dynamic, lime+hc, attnres:block, ...) at the
+    given shape; options after '~' must be the model's (GPTConfig), e.g. lime~router_init=identity."""
+    overrides, extra = parse_variant(name)
     try:
-        return GPTConfig(**shape, **overrides)
+        return GPTConfig(**shape, **overrides, **extra)
     except TypeError as e:  # a field this model.py does not have
         raise UserError(f"variant '{name}' is not supported by this model.py ({e})") from None
     except ValueError as e:
@@ -95,11 +74,11 @@ def parse_settings(spec, n_head, n_kv_head, gqa_kv_head):
     out = []
     for name in [s.strip() for s in spec.split(',')]:
         attn, _, mode = name.partition('-')
-        kv = {'mha': n_head, 'gqa': gqa}.get(attn) or int(attn[2:] if attn[:2] == 'kv' and attn[2:].isdigit() else 0)
-        if not kv or n_head % kv or mode not in MODES:
+        n_kv = {'mha': n_head, 'gqa': gqa}.get(attn) or int(attn[2:] if attn[:2] == 'kv' and attn[2:].isdigit() else 0)
+        if not n_kv or n_head % n_kv or mode not in MODES:
             raise UserError(f"bad setting '{name}': use <mha|gqa|kv<N>>-<eager|compiled|ro> with N dividing "
                             f"n_head={n_head}, e.g. --settings=mha-eager,gqa-compiled")
-        out.append((name, kv, MODES[mode]))
+        out.append((name, n_kv, MODES[mode]))
     return out
 
 
@@ -165,15 +144,15 @@ def measure_memory(r, x, y, dev, ctx, mode):
 
 
 def fresh_cache():
-    """An empty compile cache for the block (private, but what PyTorch's own benchmarks time compiles with;
+    """An empty compile cache inside the `with` (private, but what PyTorch's own benchmarks time compiles with;
     named fresh_inductor_cache before torch 2.8)."""
     from torch._inductor import utils
     return (getattr(utils, 'fresh_cache', None) or utils.fresh_inductor_cache)()
 
 
-def run_setting(sname, kv, mode, names, shape, batches, dev, ctx, peak, save=lambda records: None):
+def run_setting(sname, n_kv, mode, names, shape, batches, dev, ctx, peak, save=lambda records: None):
     """Every variant in one setting -> records (a variant that fails to compile gets an 'error')."""
-    shape = dict(shape, n_kv_head=kv)
+    shape = dict(shape, n_kv_head=n_kv)
     state = {k: v.cpu() for k, v in build_model('baseline', shape, seed, dev).state_dict().items()}
     records, runs = [], {}
     for group in ([names] if interleave else [[n] for n in names]):
@@ -214,7 +193,7 @@ def run_setting(sname, kv, mode, names, shape, batches, dev, ctx, peak, save=lam
         for name, r in live.items():
             runs[name], m, dt = r, r.pop('model'), statistics.median(r['times'])
             records.append(dict(
-                setting=sname, variant=name, n_layer=shape['n_layer'], n_kv_head=kv, compile=mode or False,
+                setting=sname, variant=name, n_layer=shape['n_layer'], n_kv_head=n_kv, compile=mode or False,
                 params=m.get_num_params(), first_step_s=r['first_s'],
                 flops_per_token=m.flops_per_token(block_size), step_ms=1e3 * dt,
                 step_ms_samples=[1e3 * t for t in r['times']], tok_s=batch_size * block_size / dt,
@@ -259,8 +238,8 @@ if __name__ == '__main__':
         raise UserError(f"depths={depths!r}: expected comma-separated layer counts, e.g. --depths=8,16,32") from None
     shape = dict(block_size=block_size, vocab_size=vocab_size, n_head=n_head, n_embd=n_embd, mlp_hidden=mlp_hidden)
     setting_list = parse_settings(settings, n_head, n_kv_head, gqa_kv_head)
-    for name, kv, L in [(name, s[1], L) for name in names for s in setting_list for L in layer_list]:
-        variant_config(name, dict(shape, n_kv_head=kv, n_layer=L))  # every error before any work
+    for name, n_kv, L in [(name, s[1], L) for name in names for s in setting_list for L in layer_list]:
+        variant_config(name, dict(shape, n_kv_head=n_kv, n_layer=L))  # every error before any work
     dev = torch.device(resolve_device(device))  # an indexed device: cuda:N
     ctx = autocast(str(dev), resolve_dtype(dtype, str(dev)))
     torch.set_num_threads(threads or torch.get_num_threads())

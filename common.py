@@ -307,3 +307,55 @@ PEAK_FLOPS = [('H100 PCIe', 756e12), ('H100 NVL', 835e12), ('H100', 989e12), ('H
 def peak_flops(device_name):
     """The dense bf16 peak FLOP/s of a GPU from its name (torch.cuda.get_device_name), or None if unknown."""
     return next((flops for key, flops in PEAK_FLOPS if key in device_name), None)
+
+
+# ----------------------------------------------------------------------------- variants
+# One name for a model variant, the same in bench.py and sweep.py:
+#     component[:mode]  ('+' component[:mode] ...)  [@router_init]  (~key=value ...)
+# components: VARIANT_COMPONENTS below, and hc<N> (Hyper-Connections at rate N). A mode after ':':
+# lime:<router> (lime:first-2, lime:dynamic), attnres:<full|block|block-<m>>, mhc:<dynamic|static>, hc:dynamic.
+# @identity or @paper: LIMe's router init. ~key=value: any train.py option (sweep.py; bench.py: model options).
+VARIANT_COMPONENTS = {  # component -> model options; every other relative's option stays at its baseline value
+    'baseline': {}, 'lime': {'lime': True}, 'hc': {'hc': 4}, 'mhc': {'hc': 4, 'mhc': 'dynamic'},
+    'denseformer': {'denseformer': True}, 'attnres': {'attnres': 'full'}, 'mudd': {'mudd': True},
+    'moda': {'moda': True}}
+VARIANT_MODES = {'lime': 'router', 'attnres': 'attnres', 'mhc': 'mhc', 'hc': 'hc_dynamic'}  # what ':' sets
+VARIANT_PLAIN = {'lime': False, 'hc': 0, 'hc_dynamic': False, 'mhc': '', 'denseformer': False, 'attnres': '',
+                 'mudd': False, 'moda': False}  # the baseline: every variant sets all of these
+VARIANT_GRAMMAR = ("components baseline, lime, hc, hc<N>, mhc, denseformer, attnres, mudd, moda joined by '+'; "
+                   "a mode after ':' (lime:first-2, attnres:block, mhc:static, hc:dynamic); LIMe's router init "
+                   "after '@' (lime@identity); train.py options after '~' (lime~router_lr=0.002)")
+
+
+def parse_variant(variant):
+    """The options of a variant name (the grammar above): (model options, the '~' options as text). The model
+    options set every key of VARIANT_PLAIN, plus router and router_init where the name gives them; the model
+    checks the values (GPTConfig)."""
+    name, *overrides = variant.split('~')
+    pairs = [o.partition('=')[::2] for o in overrides]
+    if any(not k or not v for k, v in pairs):
+        raise UserError(f"variant '{variant}': expected '~key=value' with a train.py option, e.g. lime~router_lr=0.002")
+    extra = dict(pairs)
+    if len(extra) < len(pairs):
+        raise UserError(f"variant '{variant}': a key is given twice after '~'; give each once")
+    name, _, init = name.partition('@')
+    opts = dict(VARIANT_PLAIN)
+    for part in name.split('+'):
+        component, colon, mode = part.partition(':')
+        rate = re.fullmatch(r'hc([1-9]\d*)', component)  # hc0 would be the baseline
+        if component not in VARIANT_COMPONENTS and not rate:
+            close = difflib.get_close_matches(component, list(VARIANT_COMPONENTS), n=1)
+            raise UserError(f"unknown variant '{component}' in '{variant}'"
+                            f"{f'; did you mean {close[0]!r}?' if close else ''}: {VARIANT_GRAMMAR}")
+        opts.update({'hc': int(rate[1])} if rate else VARIANT_COMPONENTS[component])
+        key = VARIANT_MODES.get('hc' if rate else component)
+        if colon and (not key or not mode or key == 'hc_dynamic' and mode != 'dynamic'):
+            modes = ', '.join(f'{c}:<{k}>' for c, k in VARIANT_MODES.items() if k != 'hc_dynamic')
+            raise UserError(f"variant '{variant}': '{part}' takes no such mode; modes: {modes}, hc:dynamic")
+        if colon:
+            opts[key] = True if key == 'hc_dynamic' else mode
+    if init:
+        if not opts['lime']:
+            raise UserError(f"variant '{variant}': a router init ('@') needs lime, e.g. lime@identity")
+        opts['router_init'] = init
+    return opts, extra

@@ -23,7 +23,7 @@ ROUTERS = "full, average, dynamic, last-<j>, first-<j> (j >= 1)"
 
 
 @dataclass
-class GPTConfig:
+class GPTConfig(relatives.RelativesConfig):  # the cross-layer relatives' options: relatives.py
     block_size: int = 256
     vocab_size: int = 65
     n_layer: int = 6
@@ -36,14 +36,6 @@ class GPTConfig:
     lime: bool = False         # the paper's method
     router: str = "full"       # LIMe router variant (paper App. D): ROUTERS
     router_init: str = "paper"  # 'paper': own-head identity plus U(-b, b) elsewhere; 'identity': zero elsewhere
-    # the cross-layer relatives (relatives.py), each a rewiring of the residual stream:
-    hc: int = 0                # Hyper-Connections expansion rate (0 = off; the paper uses 4)
-    hc_dynamic: bool = False   # HC's per-token offsets (needs hc)
-    mhc: str = ""              # mHC (needs hc): relatives.MHC, 'dynamic' the paper's, 'static' HC's weights constrained
-    denseformer: bool = False  # DenseFormer: a learned weighted average of all earlier block outputs
-    attnres: str = ""          # Attention Residuals: '' (off) or relatives.ATTNRES: a softmax mix of earlier outputs
-    moda: bool = False         # MoDA: attention also reads every earlier sub-layer's key and value at the same position
-    mudd: bool = False         # MUDDFormer: a block's q, k, v, residual inputs per-token mixes of earlier block outputs
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6     # RMSNorm's eps: the authors' (transformers' LlamaConfig default)
 
@@ -268,33 +260,32 @@ class Attention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.router = Router(config, layer) if config.lime and layer > 0 else None  # layer 0 reads its own k, v
 
-    def forward(self, x, rope, kv_stack=None, cache=None, kv_input=None, depth=None):
+    def forward(self, x, rope, kv_stack=None, cache=None):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, d_h)
-        if kv_input is None:
-            kv = self.kv_proj(x).view(B, T, 2, self.n_kv_head, self.head_dim)
-        else:  # MUDDFormer (relatives.py): keys and values from their own inputs, through kv_proj's two halves
-            w_k, w_v = self.kv_proj.weight.chunk(2)
-            kv = torch.stack((F.linear(kv_input[0], w_k), F.linear(kv_input[1], w_v)), dim=2)  # (B, T, 2, H_kv*d_h)
-            kv = kv.view(B, T, 2, self.n_kv_head, self.head_dim)
+        kv = self.kv_proj(x).view(B, T, 2, self.n_kv_head, self.head_dim)
         if kv_stack is None:
             k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H_kv, T, d_h) each
         else:  # LIMe: this layer's pre-RoPE k, v routed with every earlier layer's (eq. 2)
             k, v = self.lime(x, kv, kv_stack)
-        if depth is not None:  # MoDA (relatives.py): one softmax over the sequence and the depth keys
-            return self.resid_dropout(self.o_proj(depth.attend(self, q, k, v, rope, cache)))
+        return self.resid_dropout(self.o_proj(self.attend(q, k, v, rope, cache)))
+
+    def attend(self, q, k, v, rope, cache=None):
+        """Causal attention of q (B, H, T, d_h) over k, v (B, H_kv, T, d_h), RoPE applied here; with a cache,
+        over every cached key too. Returns (B, T, H * d_h) for o_proj."""
+        B, _, T, _ = q.shape
         pos = cache.pos if cache is not None else 0
         q, k = rope(q, pos), rope(k, pos)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
         mask = None
         if pos > 0 and T > 1:  # queries at pos..pos+T-1 see every cached key up to their own position
-            mask = torch.ones(T, pos + T, dtype=torch.bool, device=x.device).tril(pos)
+            mask = torch.ones(T, pos + T, dtype=torch.bool, device=q.device).tril(pos)
         # one new token sees the whole cache: no mask, which keeps the flash kernels available
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=pos == 0,
                                            dropout_p=self.dropout if self.training else 0.0,
                                            enable_gqa=self.n_kv_head != self.n_head)
-        return self.resid_dropout(self.o_proj(y.transpose(1, 2).reshape(B, T, -1)))
+        return y.transpose(1, 2).reshape(B, T, -1)
 
     def lime(self, x, kv, kv_stack):
         """LIMe's keys and values: kv (B, T, 2, H_kv, d_h) joins the stacked KV, heads outermost, and the
@@ -316,9 +307,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, depth=None):
-        if depth is not None:  # MoDA: this MLP's input, projected, is its depth key and value
-            depth.write_mlp(self, x)
+    def forward(self, x):
         return self.dropout(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
 
 
@@ -331,16 +320,9 @@ class Block(nn.Module):
         self.ln_2 = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope, kv_stack=None, cache=None, depth=None):
-        x = x + self.attn(self.ln_1(x), rope, kv_stack, cache, depth=depth)
-        return x + self.mlp(self.ln_2(x), depth)
-
-    def forward_stream(self, stream, rope, kv_stack=None, cache=None):
-        """The same block on a relative's residual stream (relatives.py): each sub-layer reads its input
-        from the stream and writes its output back. read_kv(): None, or the attention's own key and value
-        inputs, normed (MUDDFormer)."""
-        stream.write(self.attn(self.ln_1(stream.read()), rope, kv_stack, cache, stream.read_kv()))
-        stream.write(self.mlp(self.ln_2(stream.read())))
+    def forward(self, x, rope, kv_stack=None, cache=None):
+        x = x + self.attn(self.ln_1(x), rope, kv_stack, cache)
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
@@ -386,15 +368,12 @@ class GPT(nn.Module):
         kv_stack = None
         if self.config.lime:  # LIMe: the stacked KV, every layer's [k; v] (H_kv, 2, B, T, d_h), in layer order
             kv_stack = KVStack([block.attn.router for block in self.transformer.h], self.route_group_size)
-        depth = relatives.depth(self)  # MoDA's depth keys and values of this pass, or None
-        stream = relatives.stream(self, x)  # a relative's residual stream, or None: the plain sum
-        if stream is None:
+        stream = relatives.stream(self, x)  # the plug-in point: a relative's residual stream, or None
+        if stream is None:  # the plain residual sum
             for block in self.transformer.h:
-                x = block(x, self.rope, kv_stack, cache, depth)
-        else:
-            for block in self.transformer.h:
-                block.forward_stream(stream, self.rope, kv_stack, cache)
-            x = stream.output()
+                x = block(x, self.rope, kv_stack, cache)
+        else:  # the relative runs the blocks on its stream (relatives.py)
+            x = stream.run(self.transformer.h, self.rope, kv_stack, cache)
         x = self.transformer.ln_f(x)
         if cache is not None:
             cache.pos += T

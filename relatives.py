@@ -11,12 +11,15 @@ LIMe's cross-layer relatives, plugged into model.py's GPT: each rewires the resi
 - MoDA (mixture-of-depths attention, arXiv 2603.15619; `moda=True`): the one relative that changes attention
   instead of the stream: each head also attends to every earlier sub-layer's key and value at its position.
 
-model.py calls these and names no relative: check(config) from GPTConfig, attach(model) from
-GPT.__init__ (the relatives' weights, none drawn from the RNG), reset_parameters(model) at the end of
-GPT.__init__ (random weights, drawn after the baseline's), stream(model, x) and depth(model) from GPT.forward and
-flops(config, T) from GPT.flops_per_token. A stream owns the residual stream of one forward pass:
+model.py names no relative. GPTConfig inherits RelativesConfig (the options below, all off by default) and calls
+check(config); GPT.__init__ calls attach(model) (the relatives' weights, none drawn from the RNG) and, last,
+reset_parameters(model) (random weights, drawn after the baseline's); GPT.flops_per_token adds flops(config, T);
+and GPT.forward's one plug-in point, stream(model, x), gives a relative's residual stream for one forward pass,
+which then runs the blocks: stream.run(blocks, rope, kv_stack, cache) -> what the final norm sees. A Stream
+runs each block through its sub-layers' own modules (block.attn, block.mlp), so LIMe's routing, RoPE and the
+KV cache work as in the baseline; most streams only say where a sub-layer's input comes from and where its
+output goes:
     stream.read() -> the next sub-layer's input (B, T, d); stream.write(y): that sub-layer's output;
-    stream.read_kv() -> None, or (at an attention sub-layer) its own key and value inputs, normed (MUDDFormer);
     stream.output() -> what the final norm sees.
 Sub-layers come in order: layer 0's attention, layer 0's MLP, layer 1's attention, ...
 The mixing runs in float32 even under bf16 autocast (the streams are kept in float32, as the
@@ -26,12 +29,26 @@ the sub-layers add.
 
 import math
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 ATTNRES = "full, block, block-<m>"
 MHC = "'' (off), 'dynamic' (the paper's), 'static'"
+
+
+@dataclass
+class RelativesConfig:
+    """The relatives' options, fields of model.GPTConfig; all off: the baseline."""
+    hc: int = 0                # Hyper-Connections expansion rate (0 = off; the paper uses 4)
+    hc_dynamic: bool = False   # HC's per-token offsets (needs hc)
+    mhc: str = ""              # mHC (needs hc): MHC below; 'dynamic' the paper's, 'static' HC's weights constrained
+    denseformer: bool = False  # DenseFormer: a learned weighted average of all earlier block outputs
+    attnres: str = ""          # Attention Residuals: '' (off) or ATTNRES below: a softmax mix of earlier outputs
+    moda: bool = False         # MoDA: attention also reads every earlier sub-layer's key and value at the same position
+    mudd: bool = False         # MUDDFormer: a block's q, k, v, residual inputs per-token mixes of earlier block outputs
 
 
 def check(config):
@@ -84,11 +101,6 @@ def reset_parameters(model):
             nn.init.normal_(block.mlp.moda_kv.weight, std=0.02)
 
 
-def depth(model):
-    """MoDA's depth stream for one forward pass, or None."""
-    return DepthKV() if model.config.moda else None
-
-
 def stream(model, x):
     """The residual stream of one forward pass from the embedding x (B, T, d); None: the plain sum."""
     c = model.config
@@ -100,6 +112,8 @@ def stream(model, x):
         return DepthStream(model.attn_res(), attnres_block_size(c.attnres, c.n_layer), x, c.norm_eps)
     if c.mudd:
         return MUDDStream(model, x)
+    if c.moda:
+        return MoDAStream(x)
     return None
 
 
@@ -141,8 +155,22 @@ def zero_linear(d_in, d_out):
     return linear
 
 
+class Stream:
+    """A relative's residual stream for one forward pass; run() is what GPT.forward calls."""
+
+    def run(self, blocks, rope, kv_stack=None, cache=None):
+        for block in blocks:
+            self.block(block, rope, kv_stack, cache)
+        return self.output()
+
+    def block(self, block, rope, kv_stack, cache):
+        """One transformer block on the stream: each sub-layer reads its input and writes its output."""
+        self.write(block.attn(block.ln_1(self.read()), rope, kv_stack, cache))
+        self.write(block.mlp(block.ln_2(self.read())))
+
+
 # ----------------------------------------------------------------------------- Hyper-Connections, mHC
-class HyperStreams:
+class HyperStreams(Stream):
     """n residual streams H (B, T, n, d), float32. Around each sub-layer F a connection gives the maps
     pre (n), res (n x n) and post (n), per token or not:  h = pre H,  H <- res H + post^T F(h)."""
 
@@ -157,9 +185,6 @@ class HyperStreams:
             h = (pre.unsqueeze(-2) @ self.H).squeeze(-2)  # (B, T, d)
             self.H = res @ self.H                          # (B, T, n, d), carried
         return h
-
-    def read_kv(self):
-        return None
 
     def write(self, y):
         with fp32(self.H):
@@ -278,7 +303,7 @@ class DepthWeightedAverage(nn.Module):
         return sum(w * x for w, x in zip(self.weight.unbind(), outputs))
 
 
-class DenseStream:
+class DenseStream(Stream):
     """The baseline's sum inside a block; after each block the DenseFormer average."""
 
     def __init__(self, model, x):
@@ -287,9 +312,6 @@ class DenseStream:
 
     def read(self):
         return self.x
-
-    def read_kv(self):
-        return None
 
     def write(self, y):
         self.x = self.x + y.float()
@@ -343,7 +365,7 @@ class AttnRes(nn.Module):
         return torch.cat([q.new_zeros(1, q.size(1)), q])
 
 
-class DepthStream:
+class DepthStream(Stream):
     """The sources of one forward pass, and AttnRes read from them in two phases.
 
     The pseudo-queries do not depend on the input, so when a block starts, phase 1 mixes the completed
@@ -380,9 +402,6 @@ class DepthStream:
                 z = self.norm(self.partial) @ self.queries[sub]  # (B, T)
                 h = h + torch.sigmoid(z - self.lse[..., i]).unsqueeze(-1) * (self.partial - h)
         return h
-
-    def read_kv(self):
-        return None
 
     def write(self, y):
         """Sub-layer i's output: added to its block's sum; a completed block becomes a source."""
@@ -446,7 +465,7 @@ class MUDDConnection(nn.Module):
         return a.unflatten(-1, (self.ways, self.sources)).permute(2, 0, 1, 3) + self.bias[:, None, None, :]
 
 
-class MUDDStream:
+class MUDDStream(Stream):
     """The embedding and every block's output so far, and the four inputs of the next block."""
 
     def __init__(self, model, x):
@@ -454,37 +473,64 @@ class MUDDStream:
         x = x.float()
         self.outputs = [x]       # X_0 and the blocks' outputs X_1, X_2, ...
         self.inputs = (x,) * 4   # the next block's X^q, X^k, X^v, X^r (block 0: the embedding)
-        self.h = None            # inside a block: X^r plus the attention's output
-        self.i = 0               # the next sub-layer
 
-    def read(self):
-        return self.inputs[0] if self.i % 2 == 0 else self.h  # attention: X^q; MLP: h
-
-    def read_kv(self):
-        """The attention's key and value inputs through their own norms; at block 0 (one input) None."""
-        if self.i % 2 or self.i == 0:
-            return None
-        connection = self.connections[self.i // 2 - 1]
-        return connection.ln_k(self.inputs[1]), connection.ln_v(self.inputs[2])
-
-    def write(self, y):
-        y = y.float()
-        if self.i % 2 == 0:  # attention: added to the residual input X^r
-            self.h = self.inputs[-1] + y
-        else:  # MLP: the block's output joins the sources; the mixes make the next block's inputs
-            out = self.h + y
-            self.outputs.append(out)
-            with fp32(out):
-                A = self.connections[self.i // 2](out)  # (ways, B, T, sources)
-                mixed = sum(A[..., j, None] * X for j, X in enumerate(self.outputs))  # (ways, B, T, d)
-            self.inputs = mixed.unbind(0)
-        self.i += 1
+    def block(self, block, rope, kv_stack, cache):
+        x_q, x_k, x_v, x_r = self.inputs
+        if len(self.outputs) == 1:  # block 0: one input, the baseline's attention
+            y = block.attn(block.ln_1(x_q), rope, kv_stack, cache)
+        else:  # its key and value inputs through their own norms
+            connection = self.connections[len(self.outputs) - 2]
+            y = mudd_attention(block.attn, block.ln_1(x_q), connection.ln_k(x_k), connection.ln_v(x_v),
+                               rope, kv_stack, cache)
+        h = x_r + y.float()
+        out = h + block.mlp(block.ln_2(h)).float()
+        self.outputs.append(out)  # the block's output joins the sources; the mixes make the next block's inputs
+        with fp32(out):
+            A = self.connections[len(self.outputs) - 2](out)  # (ways, B, T, sources)
+            mixed = sum(A[..., j, None] * X for j, X in enumerate(self.outputs))  # (ways, B, T, d)
+        self.inputs = mixed.unbind(0)
 
     def output(self):
-        return self.inputs[-1]  # the next block's residual input; after the last block, the final mix
+        return self.inputs[-1]  # after the last block, the final mix
+
+
+def mudd_attention(attn, x_q, x_k, x_v, rope, kv_stack, cache):
+    """model.Attention with its own query, key and value inputs (B, T, d): keys and values through kv_proj's two
+    halves. Returns the attention's output (B, T, d)."""
+    B, T, _ = x_q.shape
+    q = attn.q_proj(x_q).view(B, T, attn.n_head, attn.head_dim).transpose(1, 2)  # (B, H, T, d_h)
+    w_k, w_v = attn.kv_proj.weight.chunk(2)
+    kv = torch.stack((F.linear(x_k, w_k), F.linear(x_v, w_v)), dim=2)  # (B, T, 2, H_kv * d_h)
+    kv = kv.view(B, T, 2, attn.n_kv_head, attn.head_dim)
+    if kv_stack is None:
+        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H_kv, T, d_h) each
+    else:  # LIMe routes these keys and values as the baseline's
+        k, v = attn.lime(x_q, kv, kv_stack)
+    return attn.resid_dropout(attn.o_proj(attn.attend(q, k, v, rope, cache)))
 
 
 # ----------------------------------------------------------------------------- MoDA
+class MoDAStream(Stream):
+    """The baseline's residual sum, in the model's dtype, with MoDA's attention: every attention sub-layer
+    also reads the depth keys and values that the sub-layers before it wrote at each position."""
+
+    def __init__(self, x):
+        self.x, self.depth = x, DepthKV()
+
+    def block(self, block, rope, kv_stack, cache):
+        attn, x = block.attn, block.ln_1(self.x)
+        B, T, _ = x.shape
+        q = attn.q_proj(x).view(B, T, attn.n_head, attn.head_dim).transpose(1, 2)  # (B, H, T, d_h)
+        k, v = attn.kv_proj(x).view(B, T, 2, attn.n_kv_head, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        self.x = self.x + attn.resid_dropout(attn.o_proj(self.depth.attend(attn, q, k, v, rope, cache)))
+        x = block.ln_2(self.x)
+        self.depth.write_mlp(block.mlp, x)  # this MLP's input, projected, is its depth key and value
+        self.x = self.x + block.mlp(x)
+
+    def output(self):
+        return self.x
+
+
 class DepthKV:
     """MoDA's depth stream of one forward pass (arXiv 2603.15619, §2.2 and Table 3 row 4, its default): the
     keys and values, before RoPE, that every sub-layer so far wrote at each position. An attention layer

@@ -34,7 +34,7 @@ from time import time
 
 from tqdm import tqdm
 
-from common import UserError, configure
+from common import VARIANT_PLAIN, UserError, configure, parse_variant
 from checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, read_log, writable_dir
 from data import arithmetic_tiers
 from sweep_report import add_compute_multipliers, fit_power_law, plot_sweep, print_fits, print_table
@@ -57,14 +57,9 @@ report_only = False        # only rebuild the CSV, tables and plot from the runs
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
 ARITH_JSON = 'arith_eval_test.json'  # what arithmetic.py writes into a run's directory
 RUN_STATE = 'sweep.json'   # per run directory: status, the max_iters it finished, wall time
-PLAIN = {'lime': False, 'hc': 0, 'mhc': '', 'denseformer': False,  # the Llama baseline
-         'attnres': '', 'mudd': False, 'moda': False}
-COMPONENTS = {'baseline': {}, 'lime': {'lime': True}, 'hc': {'hc': 4}, 'mhc': {'hc': 4, 'mhc': 'dynamic'},
-              'mhc_static': {'hc': 4, 'mhc': 'static'}, 'denseformer': {'denseformer': True},
-              'attnres': {'attnres': 'full'}, 'mudd': {'mudd': True}, 'moda': {'moda': True}}
 DDP_ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'GROUP_WORLD_SIZE', 'ROLE_RANK',
            'ROLE_WORLD_SIZE', 'ROLE_NAME', 'MASTER_ADDR', 'MASTER_PORT')
-PER_RUN = ('n_layer', 'seed', 'init_from', *PLAIN)  # set by the sweep for each run; a value given is ignored
+PER_RUN = ('n_layer', 'seed', 'init_from', *VARIANT_PLAIN)  # set by the sweep for each run; a value given is ignored
 # the lr schedule's shape: a run continued under another would restart its schedule mid-run, and its result be
 # that of no run of either length. max_iters alone may grow: a resumed run continues exactly where it stopped,
 # the lr at min_lr past lr_decay_iters, as a longer run would have it
@@ -82,36 +77,16 @@ def int_list(key, text, low):
     return values
 
 def variant_options(variant):
-    """train.py options of a variant name: 'lime', 'lime+hc', 'hc8', 'lime:first-2', 'lime@identity',
-    'lime~router_lr=0.002' (any train.py option after '~', repeatable), 'attnres:block' (':' after attnres,
-    the last part, is its mode), ..."""
-    variant, *overrides = variant.split('~')
-    pairs = [o.partition('=')[::2] for o in overrides]
-    extra = dict(pairs)
-    if any(not k or not v or k in (*PER_RUN, 'out_dir') for k, v in pairs):
-        raise UserError(f"variant '{variant}~{'~'.join(overrides)}': expected '~key=value' with a train.py option "
-                        f"other than {', '.join(PER_RUN)} and out_dir, e.g. lime~router_lr=0.002")
-    if len(extra) < len(pairs):
-        raise UserError(f"variant '{variant}~{'~'.join(overrides)}': a key is given twice after '~'; give each once")
+    """train.py options of a variant name (common.py's grammar: lime, lime+hc, lime:first-2, attnres:block,
+    lime~router_lr=0.002, ...): the model's options, then those after '~', which may not be the sweep's own."""
+    opts, extra = parse_variant(variant)
+    if set(extra) & {*PER_RUN, 'out_dir'}:
+        raise UserError(f"variant '{variant}': expected '~key=value' with a train.py option other than "
+                        f"{', '.join(PER_RUN)} and out_dir, e.g. lime~router_lr=0.002")
     if set(extra) & {'max_iters', *SCHEDULE}:
-        raise UserError(f"variant '{variant}~{'~'.join(overrides)}': the schedule (max_iters, {', '.join(SCHEDULE)}) "
+        raise UserError(f"variant '{variant}': the schedule (max_iters, {', '.join(SCHEDULE)}) "
                         "is the sweep's, the same for every variant: give it as --key=value to the sweep")
-    name, _, init = variant.partition('@')
-    name, _, router = name.partition(':')
-    opts, parts = dict(PLAIN), name.split('+')
-    for part in parts:
-        if part not in COMPONENTS and not re.fullmatch(r'hc[1-9]\d*', part):  # hc0 would be the baseline
-            close = difflib.get_close_matches(part, list(COMPONENTS), n=1)
-            raise UserError(f"unknown variant '{part}'{f'; did you mean {close[0]!r}?' if close else ''} (known: "
-                            f"{', '.join(COMPONENTS)}, combined with '+', e.g. lime+hc; for LIMe a router after "
-                            "':', e.g. lime:first-2, and a router init after '@', e.g. lime@identity; attnres:block)")
-        opts.update(COMPONENTS[part] if part in COMPONENTS else {'hc': int(part[2:])})
-    if router and parts[-1] == 'attnres':  # attnres:block
-        opts['attnres'], router = router, ''
-    if (router or init) and not opts['lime']:
-        raise UserError(f"variant '{variant}': a router (':') or router init ('@') needs lime, e.g. lime:first-2 "
-                        "(or ':' after attnres: attnres:block)")
-    return {**opts, **({'router': router} if router else {}), **({'router_init': init} if init else {}), **extra}
+    return {**opts, **extra}
 
 def read_json(path):
     """A JSON object from path; {} if it is missing or is no JSON object (damaged, say: the caller decides)."""

@@ -1,5 +1,6 @@
 """
-sweep.py's numbers: 95% t intervals over seeds, verdicts on paired differences, compute multipliers (off the
+sweep.py's numbers: 95% t intervals over seeds, verdicts and p-values (paired t test, Holm-adjusted over a table's
+comparisons, exact sign test) on paired differences, compute multipliers (off the
 reference's training curve, or off a power law fitted to its final losses at several budgets), the tables and the
 plot. Plain functions of plain data (lists, dicts of sweep.csv's rows), so they also serve for a sweep.csv of your own:
 
@@ -28,6 +29,45 @@ def verdict(diff, half, lower_is_better=True):
     if diff - half <= 0 <= diff + half:
         return "inside seed noise"
     return "better" if (diff < 0) == lower_is_better else "worse"
+
+def t_test_p(diffs):
+    """Two-sided p-value of the paired t test: P(|T| >= |t|), T Student's t with n - 1 degrees of freedom and
+    t = mean / (sd / sqrt(n)) of the n differences, exact for integer degrees of freedom (Abramowitz & Stegun
+    26.7.3-4: a finite series in cos(theta), tan(theta) = t / sqrt(n - 1)). nan for fewer than 2 differences."""
+    n = len(diffs)
+    if n < 2:
+        return math.nan
+    m = sum(diffs) / n
+    se, nu = math.sqrt(sum((x - m) ** 2 for x in diffs) / (n - 1) / n), n - 1
+    if se == 0:  # no spread: t is infinite, or 0 / 0 when every difference is 0
+        return float(m == 0)
+    theta = math.atan(abs(m) / se / math.sqrt(nu))
+    c2, term, total, odd = math.cos(theta) ** 2, 1.0, 1.0, nu % 2
+    for k in range(1, (nu - 1) // 2 if odd else nu // 2):  # term ratios: odd 2k / (2k+1), even (2k-1) / (2k)
+        term *= c2 * (2 * k - 1 + odd) / (2 * k + odd)
+        total += term
+    inside = 2 / math.pi * (theta + (nu > 1) * math.sin(theta) * math.cos(theta) * total) if odd else (
+        math.sin(theta) * total)  # P(|T| < t)
+    return max(0.0, 1.0 - inside)
+
+def sign_test_p(diffs):
+    """Exact two-sided sign test: zero differences dropped, n left, k of them on the rarer side; under no
+    difference each sign is + or - with chance 1/2, and the p-value is the chance of a split at least as
+    lopsided, min(1, 2 * sum_{i <= k} C(n, i) / 2^n) (1 when no difference is left)."""
+    pos, neg = sum(x > 0 for x in diffs), sum(x < 0 for x in diffs)
+    return min(1.0, 2 * sum(math.comb(pos + neg, i) for i in range(min(pos, neg) + 1)) / 2 ** (pos + neg))
+
+def holm(ps):
+    """Holm-Bonferroni adjusted p-values, in the order given: with the m p-values sorted, p_(1) <= ... <= p_(m),
+    the i-th becomes max over j <= i of min(1, (m - j + 1) p_(j)); calling 'different' every test whose adjusted
+    value is <= alpha keeps the chance of any false call among the m at most alpha. nan (no test) stays nan and
+    is not counted in m."""
+    order = sorted((i for i, p in enumerate(ps) if not math.isnan(p)), key=lambda i: ps[i])
+    out, running = [math.nan] * len(ps), 0.0
+    for j, i in enumerate(order):
+        running = max(running, min(1.0, (len(order) - j) * ps[i]))  # the max keeps the order of the p-values
+        out[i] = running
+    return out
 
 def compute_multiplier(ref_curve, loss, flops):
     """(FLOPs the reference needs to reach `loss` / `flops`, 'lower' if a lower bound else ''), from its evaluations
@@ -94,24 +134,33 @@ def print_fits(rows, fits, reference):
 
 def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_better=True, floor_column=None):
     """Per depth and variant: mean over seeds, 95% interval, paired difference to the reference (the first
-    variant) with its interval and verdict; then the compute multiplier, or how the mean compares with a floor
-    (the majority baseline). rows: sweep.csv's rows as sweep.py builds them (numbers, None where empty)."""
+    variant) with its interval, verdict and p-values (t test, Holm-adjusted over every comparison of the table,
+    sign test); then the compute multiplier, or how the mean compares with a floor (the majority baseline).
+    rows: sweep.csv's rows as sweep.py builds them (numbers, None where empty)."""
     reference = variants[0]
+    done = {d: {v: {r['seed']: r for r in rows if (r['depth'], r['variant'], r['status'], r['budget'])
+                    == (d, v, 'done', None)} for v in variants} for d in depths}
+    diffs = {(d, v): [done[d][v][s][column] - done[d][reference][s][column] for s in done[d][v]
+                      if s in done[d][reference]] for d in depths for v in variants if v != reference}
+    diffs = {k: x for k, x in diffs.items() if x}
+    p_t = {k: t_test_p(x) for k, x in diffs.items()}
+    p_holm, tests = dict(zip(p_t, holm(list(p_t.values())))), sum(not math.isnan(p) for p in p_t.values())
+    fmt = lambda p: '' if math.isnan(p) else f"{p:.3f}" if p >= 0.001 else '<0.001'
     how = f"fitted over {n_budgets} budgets" if n_budgets else 'off its training curve'
     last = 'vs majority baseline' if floor_column else f'compute multiplier (x {reference} FLOPs, {how})'
-    print(f"\n{title}: mean ± 95% interval over seeds, difference to {reference} paired by seed\n{'depth':>5}  "
-          f"{'variant':<16} {'n':>2}  {column:<17}  {'vs ' + reference:<19} {'verdict':<18} {last}\n" + '-' * 110)
+    print(f"\n{title}: mean ± 95% interval over seeds, difference to {reference} paired by seed\ntwo-sided p: "
+          f"p_t paired t test, p_holm that Holm-adjusted over this table's {tests} "
+          f"t tests, p_sign exact sign test (ties dropped)\n{'depth':>5}  {'variant':<16} {'n':>2}  {column:<17}  "
+          f"{'vs ' + reference:<19} {'verdict':<18} {'p_t':<6} {'p_holm':<6} {'p_sign':<6} {last}\n" + '-' * 130)
     for d in depths:
-        done = {v: {r['seed']: r for r in rows if (r['depth'], r['variant'], r['status'], r['budget'])
-                    == (d, v, 'done', None)} for v in variants}
-        for v, mine in done.items():
+        for v, mine in done[d].items():
             m, h = mean_ci([r[column] for r in mine.values()]) if mine else (math.nan, math.nan)
             line, extra = f"{d:>5}  {v:<16} {len(mine):>2}  {m:.4f} ± {h:<8.4f}", ''
-            pairs = [s for s in mine if s in done[reference]] if v != reference else []
-            if pairs:
-                dm, dh = mean_ci([mine[s][column] - done[reference][s][column] for s in pairs])
-                star = '*' if len(pairs) < len(mine) else ' '
-                line += f"  {dm:+.4f} ± {dh:<8.4f}{star} {verdict(dm, dh, lower_is_better)}"
+            if (d, v) in diffs:
+                dm, dh = mean_ci(diffs[d, v])
+                star = '*' if len(diffs[d, v]) < len(mine) else ' '
+                line += (f"  {dm:+.4f} ± {dh:<8.4f}{star} {verdict(dm, dh, lower_is_better):<18} {fmt(p_t[d, v]):<6} "
+                         f"{fmt(p_holm[d, v]):<6} {fmt(sign_test_p(diffs[d, v])):<6}")
             mults = [r for r in mine.values() if r['compute_multiplier'] is not None]
             if floor_column and mine:  # "above" only when the whole interval is above the floor
                 floor = sum(r[floor_column] for r in mine.values()) / len(mine)
@@ -122,7 +171,7 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
                 mark = '>' if any(r['multiplier_note'] == 'lower bound' for r in mults) else '~' if any(
                     r['multiplier_note'].startswith('extrapolated') for r in mults) else ''
                 extra = f"{mark}{mm:.3f} ± {mh:.3f}"
-            print(f"{line:<73} {extra}".rstrip() if mine else f"{d:>5}  {v:<16}  0  (no finished runs)")
+            print(f"{line:<106} {extra}".rstrip() if mine else f"{d:>5}  {v:<16}  0  (no finished runs)")
 
 def plot_sweep(path, curves, depths, variants, fits, reference_ends):
     """Final val loss against depth, then a panel per depth: val loss against training FLOPs over training, with

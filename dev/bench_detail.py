@@ -77,8 +77,8 @@ def profile_ops(r, mode, x, y):
     return ops
 
 
-def profile_section(sname, kv, mode):
-    runners = {name: runner(m, mode) for name, m in variant_models(shape, n_kv_head=kv).items()}
+def profile_section(sname, n_kv, mode):
+    runners = {name: runner(m, mode) for name, m in variant_models(shape, n_kv_head=n_kv).items()}
     for i in range(warmup):
         for r in runners.values():
             train_step(r, *batch(i), ctx, mode)
@@ -90,7 +90,7 @@ def profile_section(sname, kv, mode):
     for name, ops in acc.items():
         total = sum(ops.values())
         print(f"\n[{sname}] {name}: self {'device' if dev.type == 'cuda' else 'CPU'} time per step {total:.2f} ms")
-        for op, ms in sorted(ops.items(), key=lambda kv: -kv[1])[:profile_top]:
+        for op, ms in sorted(ops.items(), key=lambda item: -item[1])[:profile_top]:
             print(f"  {op[:70]:70s} {ms:9.2f}  {100 * ms / max(total, 1e-9):5.1f}%")
     base = acc.get('baseline')
     for name, ops in acc.items():
@@ -99,13 +99,13 @@ def profile_section(sname, kv, mode):
         diff = {op: ops.get(op, 0.0) - base.get(op, 0.0) for op in set(ops) | set(base)}
         print(f"\n[{sname}] {name} minus baseline, self ms per step: {sum(ops.values()):.2f} vs "
               f"{sum(base.values()):.2f} ({sum(diff.values()):+.2f})")
-        for op, d in sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:profile_top]:
+        for op, d in sorted(diff.items(), key=lambda item: -abs(item[1]))[:profile_top]:
             print(f"  {op[:70]:70s} {d:+9.2f}   ({ops.get(op, 0.0):.2f} vs {base.get(op, 0.0):.2f})")
 
 
-def decode_section(sname, kv):
+def decode_section(sname, n_kv):
     """Eager generate(); the decode models' block_size fits prompt + new tokens, so the cache never slides."""
-    models = variant_models(shape, n_kv_head=kv, block_size=max(block_size, decode_prompt + decode_tokens))
+    models = variant_models(shape, n_kv_head=n_kv, block_size=max(block_size, decode_prompt + decode_tokens))
     for m in models.values():
         m.eval()
     g = torch.Generator().manual_seed(seed + 2)
@@ -127,7 +127,7 @@ def decode_section(sname, kv):
         print(f"{name:>16} {cached:>12,.0f} {plain:>15,.0f} {cached / plain:>7.2f}x")
 
 
-def memory_section(sname, kv, mode):
+def memory_section(sname, n_kv, mode):
     what = 'peak MiB in one step' if dev.type == 'cuda' else 'MiB saved for backward'
     print(f"\n[{sname}] memory ({what}; x = over the baseline at the same depth)")
     print(f"{'n_layer':>8} " + ' '.join(f"{name:>24}" for name in names))
@@ -135,7 +135,7 @@ def memory_section(sname, kv, mode):
     for L in layer_counts:
         torch._dynamo.reset()  # a fresh compile per depth: no recompile limits across depths
         cells, mem = [], {}
-        for name, model in variant_models(shape, n_kv_head=kv, n_layer=L).items():
+        for name, model in variant_models(shape, n_kv_head=n_kv, n_layer=L).items():
             r = runner(model, mode)
             try:
                 train_step(r, *batch(0), ctx, mode)  # compiles here
@@ -170,17 +170,17 @@ shape = dict(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_he
              mlp_hidden=mlp_hidden)
 setting_list = parse_settings(settings, n_head, n_kv_head, gqa_kv_head)
 for name in names:  # every error before any work
-    for _, kv, _ in setting_list:
-        bench.variant_config(name, dict(shape, n_kv_head=kv))
+    for _, n_kv, _ in setting_list:
+        bench.variant_config(name, dict(shape, n_kv_head=n_kv))
 dev = torch.device(resolve_device(device))
 ctx = autocast(str(dev), resolve_dtype(dtype, str(dev)))
 torch.set_num_threads(threads or torch.get_num_threads())
 print(f"bench_detail: {', '.join(names)} | L={n_layer} d={n_embd} H={n_head} V={vocab_size} B={batch_size} "
       f"T={block_size} {dtype} | {dev} threads={torch.get_num_threads()}")
-for sname, kv, mode in setting_list:
+for sname, n_kv, mode in setting_list:
     if 'profile' in chosen:
-        profile_section(sname, kv, mode)
+        profile_section(sname, n_kv, mode)
     if 'decode' in chosen and not mode:  # decoding runs eager
-        decode_section(sname, kv)
+        decode_section(sname, n_kv)
     if 'memory' in chosen:
-        memory_section(sname, kv, mode)
+        memory_section(sname, n_kv, mode)

@@ -39,12 +39,12 @@ def rows(stdout, setting, n_layer=2):
 # ----------------------------------------------------------------------------- end to end
 def test_json_table_and_ratios(tmp_path):
     out = tmp_path / 'bench.json'
-    p = run(*TINY, '--variants=baseline,lime,lime-last-2,hc', '--settings=mha-eager,gqa-eager', f'--json={out}',
+    p = run(*TINY, '--variants=baseline,lime,lime:last-2,hc', '--settings=mha-eager,gqa-eager', f'--json={out}',
             '--depths=1,2')
     assert p.returncode == 0, p.stderr
     recs = json.loads(out.read_text())['records']
     assert [(r['n_layer'], r['setting'], r['variant']) for r in recs] == [
-        (L, s, v) for L in (1, 2) for s in ('mha-eager', 'gqa-eager') for v in ('baseline', 'lime', 'lime-last-2', 'hc')]
+        (L, s, v) for L in (1, 2) for s in ('mha-eager', 'gqa-eager') for v in ('baseline', 'lime', 'lime:last-2', 'hc')]
     assert recs[0]['params'] < recs[-1]['params']  # each depth is built: 1 layer, then 2
     recs = [r for r in recs if r['n_layer'] == 2]
     for r in recs:
@@ -60,7 +60,7 @@ def test_json_table_and_ratios(tmp_path):
     assert by[('mha-eager', 'hc')]['mem_ratio'] > 1.2  # 4 residual streams: clearly more activations
     assert by[('mha-eager', 'lime')]['params'] > by[('mha-eager', 'baseline')]['params']  # the routers
     table = rows(p.stdout, 'mha-eager')
-    assert list(table) == ['baseline', 'lime', 'lime-last-2', 'hc']
+    assert list(table) == ['baseline', 'lime', 'lime:last-2', 'hc']
     assert table['baseline'][2] == '1.000' and table['baseline'][-2] == '1.000'  # x base columns
     assert float(table['hc'][-2]) == pytest.approx(by[('mha-eager', 'hc')]['mem_ratio'], abs=1e-3)
     assert float(table['lime'][-1]) == pytest.approx(by[('mha-eager', 'lime')]['first_step_s'], abs=0.06)
@@ -69,14 +69,14 @@ def test_json_table_and_ratios(tmp_path):
 
 def test_sequential_bfloat16_and_mfu(tmp_path):
     out = tmp_path / 'b.json'
-    p = run(*TINY, '--variants=hc-dynamic,baseline', '--interleave=False', '--dtype=bfloat16',
+    p = run(*TINY, '--variants=hc:dynamic,baseline', '--interleave=False', '--dtype=bfloat16',
             '--peak_flops=1e12', f'--json={out}')
     assert p.returncode == 0, p.stderr
     data = json.loads(out.read_text())
     recs = {r['variant']: r for r in data['records']}
     for r in recs.values():  # MFU from model.estimate_mfu: 3 x forward FLOPs per token x tokens/s / peak
         assert r['mfu'] == pytest.approx(3 * r['flops_per_token'] * r['tok_s'] / 1e12)
-    hc, base = recs['hc-dynamic'], recs['baseline']
+    hc, base = recs['hc:dynamic'], recs['baseline']
     assert hc['step_ratio'] == pytest.approx(hc['step_ms'] / base['step_ms'])
     assert data['config']['interleave'] is False and data['config']['device'] == 'cpu'
 
@@ -154,7 +154,7 @@ def test_compiled_setting(tmp_path):
 @pytest.mark.parametrize('arg, words', [
     ('--n_layers=3', "did you mean 'n_layer'"),
     ('--variants=baseline,limo', "unknown variant 'limo'"),
-    ('--variants=lime-bogus', "unknown router 'bogus'"),
+    ('--variants=lime:bogus', "unknown router 'bogus'"),
     ('--variants=hc+denseformer', "variant 'hc+denseformer'"),
     ('--settings=mha-eagr', "bad setting 'mha-eagr'"),
     ('--settings=kv3-eager', 'dividing n_head=4'),
@@ -208,28 +208,21 @@ def test_shipped_configs_load(name):
 
 # ----------------------------------------------------------------------------- variants, settings, one init
 def test_variant_table():
+    """bench.py reads common.py's variant grammar (its tests: tests/test_common.py) into a GPTConfig."""
     c = bench.variant_config
     assert not c('baseline', SHAPE).lime and c('baseline', SHAPE).hc == 0
     assert c('lime', SHAPE).lime and c('lime', SHAPE).router == 'full'
-    assert c('lime-last-2', SHAPE).router == 'last-2' and c('lime-dynamic', SHAPE).router == 'dynamic'
-    assert (c('hc', SHAPE).hc, c('hc', SHAPE).hc_dynamic) == (4, False) and c('hc-dynamic', SHAPE).hc_dynamic
-    assert c('denseformer', SHAPE).denseformer
-    both = c('lime+hc', SHAPE)
-    assert both.lime and both.hc == 4
-    assert (c('mhc', SHAPE).hc, c('mhc', SHAPE).mhc, c('mhc-static', SHAPE).mhc) == (4, 'dynamic', 'static')
-    assert c('attnres', SHAPE).attnres == 'full' and c('attnres-block', SHAPE).attnres == 'block'
-    assert c('mudd', SHAPE).mudd and c('lime+mudd', SHAPE).lime
-    assert c('lime+attnres-block-4', SHAPE).attnres == 'block-4' and c('lime+attnres-block-4', SHAPE).lime
-    with pytest.raises(UserError, match="variant 'attnres-blocks': unknown attnres"):
-        c('attnres-blocks', SHAPE)
+    assert c('lime:last-2', SHAPE).router == 'last-2' and c('lime:dynamic', SHAPE).router == 'dynamic'
+    assert (c('hc', SHAPE).hc, c('hc', SHAPE).hc_dynamic) == (4, False) and c('hc:dynamic', SHAPE).hc_dynamic
+    assert (c('mhc', SHAPE).hc, c('mhc', SHAPE).mhc, c('mhc:static', SHAPE).mhc) == (4, 'dynamic', 'static')
+    assert c('lime+attnres:block-4', SHAPE).attnres == 'block-4' and c('lime+attnres:block-4', SHAPE).lime
+    assert c('lime~router_init=identity', SHAPE).router_init == 'identity'
+    with pytest.raises(UserError, match="variant 'attnres:blocks': unknown attnres"):
+        c('attnres:blocks', SHAPE)
     with pytest.raises(UserError, match="unknown variant 'hcx'"):
         c('hcx', SHAPE)
-
-
-def test_a_variant_this_model_lacks_is_a_user_error(monkeypatch):
-    monkeypatch.setitem(bench.VARIANTS, 'future', dict(future_field=True))
-    with pytest.raises(UserError, match="variant 'future' is not supported by this model.py"):
-        bench.variant_config('future', SHAPE)
+    with pytest.raises(UserError, match="variant 'lime~max_iters=3' is not supported by this model.py"):
+        c('lime~max_iters=3', SHAPE)  # a training option: the model has no such field
 
 
 def test_settings():
@@ -242,8 +235,8 @@ def test_settings():
             bench.parse_settings(bad, 8, None, None)
 
 
-@pytest.mark.parametrize('variant', ['lime', 'hc', 'lime-dynamic', 'denseformer', 'mhc', 'mhc-static',
-                                     'attnres-block', 'mudd'])
+@pytest.mark.parametrize('variant', ['lime', 'hc', 'lime:dynamic', 'denseformer', 'mhc', 'mhc:static',
+                                     'attnres:block', 'mudd', 'moda'])
 def test_every_variant_starts_from_the_baseline_init(variant):
     state = bench.build_model('baseline', SHAPE, 8, 'cpu').state_dict()  # another seed: copied, not re-drawn
     own = bench.build_model(variant, SHAPE, 7, 'cpu', state).state_dict()

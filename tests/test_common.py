@@ -1,6 +1,7 @@
-"""common.py: the choices it makes for the device a run is on; the configuration's --debug flag and every script's
---help; how an error reaches the user: one 'error:' line and a non-zero exit status (out of memory, a Ctrl-C while
-torch loads, a DDP rank that lost another), or with --debug the traceback."""
+"""common.py: the choices it makes for the device a run is on; the variant names bench.py and sweep.py read; the
+configuration's --debug flag and every script's --help; how an error reaches the user: one 'error:' line and a
+non-zero exit status (out of memory, a Ctrl-C while torch loads, a DDP rank that lost another), or with --debug
+the traceback."""
 import contextlib
 import re
 import signal
@@ -133,3 +134,29 @@ def test_ctrl_c_while_torch_loads_is_one_line(script):
     p = run([sys.executable, '-c', CTRL_C_IN_IMPORT + run_script])
     assert p.returncode == -signal.SIGINT and p.stdout == ''
     assert p.stderr == "error: interrupted while starting; nothing was done\n"
+
+
+# ----------------------------------------------------------------------------- variant names
+def test_variant_grammar():
+    """One name per model variant (bench.py and sweep.py read it): components joined by '+', a mode after ':', the
+    router init after '@', options after '~'; every relative's option set, the unnamed ones to the baseline's."""
+    parse, plain = common.parse_variant, common.VARIANT_PLAIN
+    assert parse('baseline') == (plain, {})
+    assert parse('moda') == ({**plain, 'moda': True}, {}) and parse('mudd') == ({**plain, 'mudd': True}, {})
+    assert parse('lime+hc')[0] == {**plain, 'lime': True, 'hc': 4} and parse('hc8')[0] == {**plain, 'hc': 8}
+    assert parse('hc8:dynamic')[0] == {**plain, 'hc': 8, 'hc_dynamic': True}
+    assert parse('mhc')[0] == {**plain, 'hc': 4, 'mhc': 'dynamic'} == parse('mhc:dynamic')[0]
+    assert parse('mhc:static')[0] == {**plain, 'hc': 4, 'mhc': 'static'}
+    assert parse('attnres')[0] == {**plain, 'attnres': 'full'} and parse('attnres:block')[0]['attnres'] == 'block'
+    assert parse('lime:first-2+attnres:block-4')[0] == {**plain, 'lime': True, 'router': 'first-2', 'attnres': 'block-4'}
+    assert parse('lime:last-2@identity')[0] == {**plain, 'lime': True, 'router': 'last-2', 'router_init': 'identity'}
+    assert parse('lime@identity~router_lr=1e-3~weight_decay=0') == (
+        {**plain, 'lime': True, 'router_init': 'identity'}, {'router_lr': '1e-3', 'weight_decay': '0'})
+    for bad, message in [('lim', "unknown variant 'lim' in 'lim'; did you mean 'lime'?"),
+                         ('hc0', "unknown variant 'hc0'"), ('baseline+xyz', "unknown variant 'xyz'"),
+                         ('mudd:x', "'mudd:x' takes no such mode"), ('hc:static', "'hc:static' takes no such mode"),
+                         ('lime:', "'lime:' takes no such mode"), ('hc@identity', "needs lime"),
+                         ('lime~router_lr', "expected '~key=value'"), ('lime~=3', "expected '~key=value'"),
+                         ('lime~a=1~a=2', "a key is given twice after '~'")]:
+        with pytest.raises(common.UserError, match=re.escape(message)):
+            parse(bad)

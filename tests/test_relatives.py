@@ -5,6 +5,7 @@ stochastic and of Sinkhorn's form; mHC without its constraint is HC; MoDA agains
 written per position; init, counts, cached decoding, optimizer groups. (torch.compile: tests/test_compile.py.)"""
 import contextlib
 import math
+import types
 
 import pytest
 import torch
@@ -377,13 +378,21 @@ def test_mixing_runs_in_float32_under_bf16_autocast(kw, monkeypatch):
     emb = torch.randn(2, 8, 32, generator=g)
     outputs = [(torch.randn(2, 8, 32, generator=g) * 0.3).bfloat16() for _ in range(2 * model.config.n_layer)]
 
-    def run():
-        stream, reads = R.stream(model, emb), []
-        for y in outputs:
-            reads.append(stream.read().float())
-            stream.write(y if torch.is_autocast_enabled("cpu") else y.float())
-        return torch.stack(reads + [stream.output().float()])
+    def sublayer(x, *args):  # records its input, returns the next given output
+        reads.append(x.float())
+        y = next(ys)
+        return y if torch.is_autocast_enabled("cpu") else y.float()
 
+    def run():
+        nonlocal ys
+        reads.clear()
+        ys = iter(outputs)
+        block = types.SimpleNamespace(ln_1=lambda x: x, ln_2=lambda x: x, attn=sublayer, mlp=sublayer)
+        out = R.stream(model, emb).run([block] * model.config.n_layer, rope=None)
+        return torch.stack(reads + [out.float()])
+
+    reads, ys = [], None
+    monkeypatch.setattr(R, "mudd_attention", lambda attn, x_q, *args: attn(x_q))  # MUDD's attention: a sub-layer
     with torch.no_grad():
         want = run()
         with torch.autocast("cpu", dtype=torch.bfloat16):

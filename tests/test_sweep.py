@@ -1,16 +1,15 @@
 """sweep.py end to end on the CPU: tiny models, a few iterations, every run a real train.py subprocess.
 
-The statistics (t intervals, verdicts) and the compute multiplier's interpolation are checked as pure
-functions against numbers computed by hand. A failure a test needs is caused by patching train.py's model
-from outside (a sitecustomize module on PYTHONPATH), never by how a machine rounds or overflows. Where
-what is tested is the sweep's logic, not its process, the sweep runs in this process (conftest's run_here;
-it then keeps a lock on its out_dir while the tests run, so each such sweep gets an out_dir of its own).
+The statistics and the compute multiplier, pure functions, are tested in test_sweep_report.py. A failure a
+test needs is caused by patching train.py's model from outside (a sitecustomize module on PYTHONPATH), never
+by how a machine rounds or overflows. Where what is tested is the sweep's logic, not its process, the sweep
+runs in this process (conftest's run_here; it then keeps a lock on its out_dir while the tests run, so each
+such sweep gets an out_dir of its own).
 """
 import ast
 import csv
 import fcntl
 import json
-import math
 import os
 import re
 import shutil
@@ -334,8 +333,8 @@ def test_bad_input_is_refused_before_any_run(run_here, data_dir, tmp_path):
         (['--dept=2,4'], "unknown config key 'dept' (--dept=2,4); did you mean 'depths'?"),  # the sweep's keys too
         ([f'--data_dir={tmp_path}'], "dataset 'shakespeare_char' is not prepared"),
         (['--variants=baseline,lime:frist-2'], "variant lime:frist-2: invalid model config: unknown router 'frist-2'"),
-        (['--variants=baseline,lmie'], "unknown variant 'lmie'; did you mean 'lime'?"),
-        (['--variants=baseline:first-2'], "variant 'baseline:first-2': a router (':') or router init ('@') needs lime"),
+        (['--variants=baseline,lmie'], "unknown variant 'lmie' in 'lmie'; did you mean 'lime'?"),
+        (['--variants=baseline:first-2'], "variant 'baseline:first-2': 'baseline:first-2' takes no such mode"),
         (['--variants=lime,lime'], "variants='lime,lime': expected distinct comma-separated names"),
         (['--depths=2,x'], "depths='2,x': expected distinct comma-separated integers >= 1"),
         (['--depths=0'], "depths='0': expected distinct comma-separated integers >= 1"),
@@ -351,116 +350,20 @@ def test_bad_input_is_refused_before_any_run(run_here, data_dir, tmp_path):
 
 
 def test_variant_names(sweep_fns):
-    options = sweep_fns['variant_options']
-    plain = {'lime': False, 'hc': 0, 'mhc': '', 'denseformer': False, 'attnres': '', 'mudd': False, 'moda': False}
+    """A variant name (common.py's grammar, tested in tests/test_common.py) gives train.py's options: the model's,
+    then those after '~', which may not be the ones the sweep sets per run or its schedule."""
+    options, plain = sweep_fns['variant_options'], common.VARIANT_PLAIN
     assert options('baseline') == plain
-    assert options('moda') == {**plain, 'moda': True}
-    assert options('lime') == {**plain, 'lime': True}
-    assert options('lime+hc') == {**plain, 'lime': True, 'hc': 4} and options('hc8') == {**plain, 'hc': 8}
-    assert options('denseformer') == {**plain, 'denseformer': True}
-    assert options('lime:first-2') == {**plain, 'lime': True, 'router': 'first-2'}
-    assert options('lime@identity') == {**plain, 'lime': True, 'router_init': 'identity'}
     assert options('lime:last-2@identity') == {**plain, 'lime': True, 'router': 'last-2', 'router_init': 'identity'}
-    with pytest.raises(common.UserError, match="needs lime"):
-        options('hc@identity')
-    # any train.py option after '~' (values as text, as on train.py's command line); not one the sweep sets
-    assert options('lime~router_lr=0.002') == {**plain, 'lime': True, 'router_lr': '0.002'}
-    assert options('lime@identity~router_lr=1e-3~weight_decay=0') == {
-        **plain, 'lime': True, 'router_init': 'identity', 'router_lr': '1e-3', 'weight_decay': '0'}
-    for bad in ('lime~n_layer=8', 'lime~router_lr', 'lime~=3', 'baseline~out_dir=x'):
-        with pytest.raises(common.UserError, match="expected '~key=value'"):
+    assert options('lime~router_lr=0.002') == {**plain, 'lime': True, 'router_lr': '0.002'}  # as on train.py's line
+    assert options('mhc:static+lime') == {**plain, 'hc': 4, 'mhc': 'static', 'lime': True}
+    for bad in ('lime~n_layer=8', 'baseline~out_dir=x', 'lime~hc=2', 'lime~seed=3'):
+        with pytest.raises(common.UserError, match="expected '~key=value' with a train.py option other than"):
             options(bad)
-    # the relatives: ':' after attnres (the last part) is its mode, not a router
-    assert options('mhc') == {**plain, 'hc': 4, 'mhc': 'dynamic'}
-    assert options('mhc_static') == {**plain, 'hc': 4, 'mhc': 'static'}
-    assert options('attnres') == {**plain, 'attnres': 'full'}
-    assert options('mudd') == {**plain, 'mudd': True} and options('lime+mudd') == {**plain, 'lime': True, 'mudd': True}
-    assert options('attnres:block') == {**plain, 'attnres': 'block'}
-    assert options('lime+attnres:block-4') == {**plain, 'lime': True, 'attnres': 'block-4'}
-    assert options('attnres+lime:first-2') == {**plain, 'lime': True, 'attnres': 'full', 'router': 'first-2'}
-    with pytest.raises(common.UserError, match="needs lime"):
-        options('mhc:block')
-    # a key twice, a key of the sweep's schedule, hc0 (the baseline under another name): refused
-    with pytest.raises(common.UserError, match="a key is given twice after '~'"):
-        options('lime~router_lr=1e-3~router_lr=2e-3')
     for key in ('max_iters', 'lr_decay_iters', 'warmup_iters', 'decay_lr'):
         with pytest.raises(common.UserError, match=r"the schedule \(max_iters, lr_decay_iters, warmup_iters, "
                                                    r"decay_lr\) is the sweep's"):
             options(f'lime~{key}=5')
-    with pytest.raises(common.UserError, match="unknown variant 'hc0'"):
-        options('hc0')
-
-
-# ----------------------------------------------------------------------------- statistics
-def test_t_intervals_by_hand():
-    mean_ci, verdict = sweep_report.mean_ci, sweep_report.verdict
-    # 1, 2, 3: mean 2, sd 1, n 3 -> 4.303 / sqrt(3)
-    m, h = mean_ci([1.0, 2.0, 3.0])
-    assert m == 2.0 and h == pytest.approx(4.303 / math.sqrt(3))
-    m, h = mean_ci([1.5])
-    assert m == 1.5 and math.isnan(h)
-    assert mean_ci([0.0, 2.0])[1] == pytest.approx(12.706)  # sd sqrt(2), / sqrt(2): t with 1 df
-    assert mean_ci([0.0, 1.0] * 16)[1] / math.sqrt(8 / 31 / 32) == pytest.approx(2.040, abs=0.003)  # t, 31 df
-    # paired differences 0.1, 0.05, 0.1 -> mean 1/12, variance 1/1200, sd / sqrt(3) = 1/60: 4.303 / 60
-    d, h = mean_ci([0.1, 0.05, 0.1])
-    assert d == pytest.approx(1 / 12) and h == pytest.approx(4.303 / 60)
-    assert verdict(d, h) == 'worse' and verdict(-d, h) == 'better'  # 0.0116 .. 0.1550: a higher loss
-    assert verdict(d, h, lower_is_better=False) == 'better'  # an accuracy
-    assert verdict(0.01, 0.02) == 'inside seed noise' and verdict(0.0, 0.0) == 'inside seed noise'
-    assert verdict(0.01, float('nan')) == 'no interval (one seed)'
-
-
-def test_compute_multiplier_interpolation_by_hand():
-    """Hand-made reference curves [(FLOPs, val loss)], evaluated at 0, 100 and 1000 FLOPs."""
-    multiplier = sweep_report.compute_multiplier
-    curve = [(0, 4.0), (100, 3.0), (1000, 2.0)]
-    # 2.5 is halfway from 3.0 to 2.0: halfway in log FLOPs between 100 and 1000 is sqrt(100 * 1000) = 316.2
-    # (not 550, halfway in FLOPs); the run used 500 FLOPs
-    assert multiplier(curve, 2.5, 500) == pytest.approx((math.sqrt(1e5) / 500, ''))
-    assert multiplier(curve, 2.8, 100) == pytest.approx((100 * 10 ** 0.2 / 100, ''))
-    assert multiplier(curve, 3.0, 50) == (2.0, '')  # exactly an evaluation
-    assert multiplier(curve, 2.0, 1000) == (1.0, '')  # the reference itself
-    # from iteration 0 (0 FLOPs) linearly: 3.5 is halfway from 4.0 to 3.0, so 50 FLOPs
-    assert multiplier(curve, 3.5, 200) == pytest.approx((0.25, ''))
-    assert multiplier(curve, 4.5, 200) == (0.0, '')  # the initial model is already as good
-    # never reached: the reference's total FLOPs over the run's, a lower bound
-    assert multiplier(curve, 1.5, 250) == (4.0, 'lower')
-    # the first crossing counts, not a later one after a bump
-    assert multiplier([(0, 4.0), (100, 3.0), (200, 3.5), (400, 2.0)], 3.2, 8) == pytest.approx((10.0, ''))
-
-
-
-def test_fitted_multiplier_recovers_a_known_multiplier():
-    """Synthetic reference runs on exact power laws L = A_s C^-b (b and each seed's A_s known) at three budgets;
-    a variant whose final loss is the reference's at m times its FLOPs has multiplier m."""
-    fit_power_law, fitted = sweep_report.fit_power_law, sweep_report.fitted_multiplier
-    b, scale = 0.08, {0: 4.0, 1: 4.3, 2: 3.9}  # seeds differ in level (data order), not in exponent
-    budgets = [1e12, 2e12, 4e12]
-    fit = fit_power_law({s: [(c, a * c ** -b) for c in budgets] for s, a in scale.items()})
-    assert fit[0] == pytest.approx(b) and fit[2] == (1e12, 4e12)
-    for s, a in scale.items():
-        for m, c in [(1.3, 2e12), (0.7, 3e12), (1.0, 1.5e12)]:  # inside the fitted FLOPs: no extrapolation
-            mult, beyond = fitted(fit, s, a * (m * c) ** -b, c)
-            assert mult == pytest.approx(m, rel=1e-9) and beyond == 1.0
-    # with noise: losses near 2 falling 2.8 % per doubling of compute (b = 0.04, a flat curve, where noise
-    # costs most), and a loss error of 0.002 per run. An error e moves a multiplier by about e / (b L) = 2.5 %;
-    # each seed's offset averages 3 budgets, so 5 seeds stay within 6 % (about 4 standard errors)
-    gen, b = torch.Generator().manual_seed(0), 0.04
-    level = {s: 2.0 * (1 + 0.01 * s) * 2e12 ** b for s in range(5)}
-    noisy = {s: [(c, a * c ** -b + 0.002 * torch.randn(1, generator=gen).item()) for c in budgets]
-             for s, a in level.items()}
-    fit = fit_power_law(noisy)
-    assert fit[0] == pytest.approx(b, rel=0.25)
-    for s, a in level.items():
-        mult, _ = fitted(fit, s, a * (1.25 * 2e12) ** -b, 2e12)
-        assert mult == pytest.approx(1.25, rel=0.06)
-    # a loss the reference only reaches at 4x its largest budget is flagged, by that factor; below the smallest too
-    fit = fit_power_law({0: [(c, 4.0 * c ** -b) for c in budgets]})
-    assert fitted(fit, 0, 4.0 * 16e12 ** -b, 4e12) == pytest.approx((4.0, 4.0))
-    assert fitted(fit, 0, 4.0 * 0.25e12 ** -b, 1e12) == pytest.approx((0.25, 4.0))
-    # no fit from one budget, nor from losses that do not fall with compute
-    assert fit_power_law({0: [(1e12, 2.0)], 1: [(1e12, 2.1)]}) is None
-    assert fit_power_law({0: [(1e12, 2.0), (2e12, 2.1)]}) is None
 
 
 def test_budgets_reuse_finished_runs_and_fit_the_multiplier(swept, run_here, capsys, tmp_path):

@@ -1,0 +1,165 @@
+"""sweep_report.py's statistics, compute multipliers and tables as pure functions of plain data, against numbers
+computed by hand (sweep.py end to end: test_sweep.py)."""
+import math
+import re
+
+import pytest
+import torch
+
+from conftest import REPO  # noqa: F401  (the repo on sys.path)
+import sweep_report
+
+
+def test_t_intervals_by_hand():
+    mean_ci, verdict = sweep_report.mean_ci, sweep_report.verdict
+    # 1, 2, 3: mean 2, sd 1, n 3 -> 4.303 / sqrt(3)
+    m, h = mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0 and h == pytest.approx(4.303 / math.sqrt(3))
+    m, h = mean_ci([1.5])
+    assert m == 1.5 and math.isnan(h)
+    assert mean_ci([0.0, 2.0])[1] == pytest.approx(12.706)  # sd sqrt(2), / sqrt(2): t with 1 df
+    assert mean_ci([0.0, 1.0] * 16)[1] / math.sqrt(8 / 31 / 32) == pytest.approx(2.040, abs=0.003)  # t, 31 df
+    # paired differences 0.1, 0.05, 0.1 -> mean 1/12, variance 1/1200, sd / sqrt(3) = 1/60: 4.303 / 60
+    d, h = mean_ci([0.1, 0.05, 0.1])
+    assert d == pytest.approx(1 / 12) and h == pytest.approx(4.303 / 60)
+    assert verdict(d, h) == 'worse' and verdict(-d, h) == 'better'  # 0.0116 .. 0.1550: a higher loss
+    assert verdict(d, h, lower_is_better=False) == 'better'  # an accuracy
+    assert verdict(0.01, 0.02) == 'inside seed noise' and verdict(0.0, 0.0) == 'inside seed noise'
+    assert verdict(0.01, float('nan')) == 'no interval (one seed)'
+
+
+def test_compute_multiplier_interpolation_by_hand():
+    """Hand-made reference curves [(FLOPs, val loss)], evaluated at 0, 100 and 1000 FLOPs."""
+    multiplier = sweep_report.compute_multiplier
+    curve = [(0, 4.0), (100, 3.0), (1000, 2.0)]
+    # 2.5 is halfway from 3.0 to 2.0: halfway in log FLOPs between 100 and 1000 is sqrt(100 * 1000) = 316.2
+    # (not 550, halfway in FLOPs); the run used 500 FLOPs
+    assert multiplier(curve, 2.5, 500) == pytest.approx((math.sqrt(1e5) / 500, ''))
+    assert multiplier(curve, 2.8, 100) == pytest.approx((100 * 10 ** 0.2 / 100, ''))
+    assert multiplier(curve, 3.0, 50) == (2.0, '')  # exactly an evaluation
+    assert multiplier(curve, 2.0, 1000) == (1.0, '')  # the reference itself
+    # from iteration 0 (0 FLOPs) linearly: 3.5 is halfway from 4.0 to 3.0, so 50 FLOPs
+    assert multiplier(curve, 3.5, 200) == pytest.approx((0.25, ''))
+    assert multiplier(curve, 4.5, 200) == (0.0, '')  # the initial model is already as good
+    # never reached: the reference's total FLOPs over the run's, a lower bound
+    assert multiplier(curve, 1.5, 250) == (4.0, 'lower')
+    # the first crossing counts, not a later one after a bump
+    assert multiplier([(0, 4.0), (100, 3.0), (200, 3.5), (400, 2.0)], 3.2, 8) == pytest.approx((10.0, ''))
+
+
+
+def test_fitted_multiplier_recovers_a_known_multiplier():
+    """Synthetic reference runs on exact power laws L = A_s C^-b (b and each seed's A_s known) at three budgets;
+    a variant whose final loss is the reference's at m times its FLOPs has multiplier m."""
+    fit_power_law, fitted = sweep_report.fit_power_law, sweep_report.fitted_multiplier
+    b, scale = 0.08, {0: 4.0, 1: 4.3, 2: 3.9}  # seeds differ in level (data order), not in exponent
+    budgets = [1e12, 2e12, 4e12]
+    fit = fit_power_law({s: [(c, a * c ** -b) for c in budgets] for s, a in scale.items()})
+    assert fit[0] == pytest.approx(b) and fit[2] == (1e12, 4e12)
+    for s, a in scale.items():
+        for m, c in [(1.3, 2e12), (0.7, 3e12), (1.0, 1.5e12)]:  # inside the fitted FLOPs: no extrapolation
+            mult, beyond = fitted(fit, s, a * (m * c) ** -b, c)
+            assert mult == pytest.approx(m, rel=1e-9) and beyond == 1.0
+    # with noise: losses near 2 falling 2.8 % per doubling of compute (b = 0.04, a flat curve, where noise
+    # costs most), and a loss error of 0.002 per run. An error e moves a multiplier by about e / (b L) = 2.5 %;
+    # each seed's offset averages 3 budgets, so 5 seeds stay within 6 % (about 4 standard errors)
+    gen, b = torch.Generator().manual_seed(0), 0.04
+    level = {s: 2.0 * (1 + 0.01 * s) * 2e12 ** b for s in range(5)}
+    noisy = {s: [(c, a * c ** -b + 0.002 * torch.randn(1, generator=gen).item()) for c in budgets]
+             for s, a in level.items()}
+    fit = fit_power_law(noisy)
+    assert fit[0] == pytest.approx(b, rel=0.25)
+    for s, a in level.items():
+        mult, _ = fitted(fit, s, a * (1.25 * 2e12) ** -b, 2e12)
+        assert mult == pytest.approx(1.25, rel=0.06)
+    # a loss the reference only reaches at 4x its largest budget is flagged, by that factor; below the smallest too
+    fit = fit_power_law({0: [(c, 4.0 * c ** -b) for c in budgets]})
+    assert fitted(fit, 0, 4.0 * 16e12 ** -b, 4e12) == pytest.approx((4.0, 4.0))
+    assert fitted(fit, 0, 4.0 * 0.25e12 ** -b, 1e12) == pytest.approx((0.25, 4.0))
+    # no fit from one budget, nor from losses that do not fall with compute
+    assert fit_power_law({0: [(1e12, 2.0)], 1: [(1e12, 2.1)]}) is None
+    assert fit_power_law({0: [(1e12, 2.0), (2e12, 2.1)]}) is None
+
+
+# ----------------------------------------------------------------------------- multiple comparisons
+def diffs_with_t(t, n):
+    """n differences whose paired t statistic is exactly t: deviations n - 1, -1, ..., -1 (sum 0, sum of squares
+    n (n - 1): sd / sqrt(n) = 1) around a mean of t."""
+    return [t + n - 1] + [t - 1] * (n - 1)
+
+
+def test_paired_t_test_p_by_hand():
+    t_test_p = sweep_report.t_test_p
+    # 1 degree of freedom (Cauchy): P(|T| >= t) = 1 - 2 atan(t) / pi; 1, 3: mean 2, sd sqrt(2), / sqrt(2): t = 2
+    assert t_test_p([1.0, 3.0]) == pytest.approx(1 - 2 * math.atan(2) / math.pi)  # 0.2952
+    # 2: 1 - t / sqrt(2 + t^2); 1, 2, 3: mean 2, sd 1, / sqrt(3): t = 2 sqrt(3)
+    assert t_test_p([1.0, 2.0, 3.0]) == pytest.approx(1 - 2 * math.sqrt(3) / math.sqrt(14))  # 0.0742
+    # 3: 1 - 2 (theta + sin cos) / pi, tan(theta) = t / sqrt(3); t = 1: theta = pi / 6
+    assert t_test_p([4.0, 0.0, 0.0, 0.0]) == pytest.approx(1 - 2 / math.pi * (math.pi / 6 + 0.5 * math.sqrt(3) / 2))
+    # 4: 1 - sin (1 + cos^2 / 2); t = 2: theta = pi / 4
+    assert t_test_p(diffs_with_t(-2.0, 5)) == pytest.approx(1 - math.sqrt(0.5) * 1.25)  # 0.1161, either sign
+    # at the tabulated 95% quantile of every degrees of freedom the interval's edge touches 0: p = 0.05
+    for n in range(2, 32):
+        p = t_test_p(diffs_with_t(sweep_report.T95[n - 2], n))
+        assert p == pytest.approx(0.05, abs=2e-4), n
+        assert t_test_p(diffs_with_t(sweep_report.T95[n - 2] * 0.95, n)) > 0.05  # inside the interval
+        assert t_test_p(diffs_with_t(sweep_report.T95[n - 2] * 1.05, n)) < 0.05
+    assert t_test_p(diffs_with_t(1.96, 1000)) == pytest.approx(0.05, abs=1e-3)  # many seeds: the normal's 1.96
+    assert t_test_p(diffs_with_t(1.96, 1001)) == pytest.approx(0.05, abs=1e-3)
+    assert math.isnan(t_test_p([0.1]))  # one seed: no test
+    assert t_test_p([0.1, 0.1, 0.1]) == 0.0 and t_test_p([0.0, 0.0]) == 1.0  # no spread
+
+
+def test_sign_test_by_hand():
+    sign = sweep_report.sign_test_p
+    assert sign([0.1, 0.2, 0.3, 0.1, 0.2]) == 0.0625  # 5 of 5: 2 * (1/2)^5
+    assert sign([-0.1, -0.2, -0.3, -0.1, -0.2]) == 0.0625  # two-sided
+    assert sign([0.1, 0.2, -0.3, 0.1, 0.2]) == 0.375  # 4 of 5: 2 * (1 + 5) / 32
+    assert sign([0.0, 0.1, 0.2, 0.3, 0.0, 0.1, 0.2]) == 0.0625  # ties dropped: 5 of 5
+    assert sign([0.0, 0.1, 0.2, -0.3, 0.0, 0.1, 0.2]) == 0.375
+    assert sign([0.1] * 9 + [-0.1]) == 2 * (1 + 10) / 1024  # 9 of 10
+    assert sign([0.1, -0.1]) == 1.0 and sign([0.1, -0.1, 0.2]) == 1.0  # capped: the split is as even as it gets
+    assert sign([0.0, 0.0]) == 1.0 and sign([]) == 1.0  # nothing left
+
+
+def test_holm_by_hand():
+    holm = sweep_report.holm
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> the last raised to 0.06
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.01, 0.02, 0.03]) == pytest.approx([0.03, 0.04, 0.04])  # 0.03 * 1 < 0.02 * 2: monotone
+    assert holm([0.6, 0.7, 0.3]) == pytest.approx([1.0, 1.0, 0.9])  # 0.6 * 2 capped at 1
+    nan = float('nan')
+    out = holm([0.01, nan, 0.04])  # no test: not counted, stays nan
+    assert out[0] == pytest.approx(0.02) and math.isnan(out[1]) and out[2] == pytest.approx(0.04)
+    assert holm([0.2]) == [0.2] and holm([]) == []
+
+
+def row(depth, variant, seed, loss):
+    return dict(depth=depth, variant=variant, seed=seed, status='done', budget=None, val_loss=loss,
+                compute_multiplier=None, multiplier_note='')
+
+
+def test_table_shows_the_p_values_holm_over_the_table(capsys):
+    """2 and 4 layers, baseline (the reference), lime, hc; differences to baseline paired by seed:
+    2 layers: lime 0.02, -0.03 x4 (t = -2, 4 df: p 0.1161; 1 of 5 above: sign 0.375), hc -0.01 x5 (no spread:
+    p 0; 5 of 5 below: 0.0625); 4 layers: lime 0.01, 0.03 (seeds 0 and 1 only: t = 2, 1 df, p 0.2952; sign 0.5),
+    hc one seed (no t test; sign 1). Holm over the 3 t tests: 0 x3, 0.1161 x2 = 0.232, 0.2952 x1."""
+    base = {s: 2.0 + 0.1 * s for s in range(5)}
+    rows = [row(d, 'baseline', s, x) for d in (2, 4) for s, x in base.items()]
+    rows += [row(2, 'lime', s, base[s] + x) for s, x in enumerate([0.02, -0.03, -0.03, -0.03, -0.03])]
+    rows += [row(2, 'hc', s, base[s] - 0.01) for s in range(5)]
+    rows += [row(4, 'lime', 0, base[0] + 0.01), row(4, 'lime', 1, base[1] + 0.03), row(4, 'hc', 3, base[3] + 0.02)]
+    sweep_report.print_table(rows, [2, 4], ['baseline', 'lime', 'hc'], 'val_loss', 'final val loss')
+    out = capsys.readouterr().out
+    header = next(l for l in out.splitlines() if l.startswith('depth'))
+    assert re.search(r'verdict\s+p_t\s+p_holm\s+p_sign\s+compute multiplier', header)
+    assert "Holm-adjusted over this table's 3 t tests" in out
+    line = {tuple(l.split()[:2]): l for l in out.splitlines() if re.match(r'\s*\d+\s', l)}
+    assert re.search(r'inside seed noise\s+0\.116\s+0\.232\s+0\.375$', line['2', 'lime'])
+    assert re.search(r'better\s+<0\.001\s+<0\.001\s+0\.062$', line['2', 'hc'])
+    assert re.search(r'inside seed noise\s+0\.295\s+0\.295\s+0\.500$', line['4', 'lime'])
+    assert re.search(r'no interval \(one seed\)\s+1\.000$', line['4', 'hc'])
+    assert re.search(r'2\.\d{4} ± \S+$', line['2', 'baseline'])  # the reference: no comparison
+    # the columns line up under their headers
+    for key in [('2', 'lime'), ('4', 'lime')]:
+        assert line[key].index('0.', header.index('p_holm')) == header.index('p_holm')
