@@ -366,3 +366,14 @@ def test_out_of_memory_advice_is_analyze_s(tmp_path):
     assert p.returncode == 1 and p.stderr.strip().splitlines() == [
         "error: out of memory: lower num_tokens, context, max_per_word or batch_size, or analyze on another device "
         "(--device=cpu); nothing was written for the run it was analyzing"]
+
+
+@pytest.mark.parametrize('arg, message', [('--renyi_order=0', 'renyi_order=0.0 must be a finite number > 0'),
+                                          ('--renyi_order=1e999', 'renyi_order=inf must be a finite number > 0')])
+def test_the_renyi_order_is_named_as_what_it_is(arg, message, tmp_path, run_here):
+    """analyze.py's order of the Renyi entropy (the paper's alpha, Sec. 5.2) is renyi_order: alpha is HC's."""
+    with pytest.raises(common.UserError) as e:
+        run_here('analyze.py', str(tmp_path), arg)
+    assert str(e.value) == message
+    with pytest.raises(common.UserError, match="^unknown config key 'alpha'"):
+        run_here('analyze.py', str(tmp_path), '--alpha=2')
