@@ -59,22 +59,57 @@ class GPTConfig(relatives.RelativesConfig):  # the cross-layer relatives' option
         relatives.check(self)  # the relatives' options, and which combine
 
 
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis (nn.RMSNorm's function and parameter), in float32
+    at least.
+    Its backward is written out (RMSNormGrad): at small widths an eager CPU step is bound by the number of ops,
+    and autograd through nn.RMSNorm's pieces takes twice as many."""
+
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return RMSNormGrad.apply(x, self.weight, self.eps)
+
+
+class RMSNormGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        dtype, x = x.dtype, x.to(torch.promote_types(x.dtype, torch.float32))  # bf16, fp16 -> float32
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
+        x_hat = x * rstd
+        ctx.save_for_backward(x_hat, rstd, weight)
+        return (x_hat * weight).to(dtype)
+
+    @staticmethod
+    def backward(ctx, grad):  # y = x_hat * w, x_hat = x * rstd: dx = rstd * (g - x_hat * mean(g * x_hat)), g = grad * w
+        x_hat, rstd, weight = ctx.saved_tensors
+        grad = grad.to(x_hat.dtype)
+        grad_weight = (grad * x_hat).flatten(0, -2).sum(0)
+        g = grad * weight
+        grad_x = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
+        return grad_x, grad_weight.to(weight.dtype), None
+
+
 class RoPE(nn.Module):
-    """Rotary position embedding (theta 10000), half-split convention."""
+    """Rotary position embedding (theta 10000), half-split convention: with x = [x1, x2] (the head's two halves),
+    RoPE(x) = x * cos + [-x2, x1] * sin. [-x2, x1] * sin is written x.roll(d/2) * [-sin, sin]: the same products,
+    in two ops instead of four (eager CPU steps at small widths are op-bound)."""
 
     def __init__(self, config):
         super().__init__()
         head_dim = config.n_embd // config.n_head
         inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
         angles = torch.outer(torch.arange(config.block_size).float(), inv_freq)
-        self.register_buffer("cos", angles.cos().repeat(1, 2), persistent=False)
-        self.register_buffer("sin", angles.sin().repeat(1, 2), persistent=False)
+        self.register_buffer("cos", angles.cos().repeat(1, 2), persistent=False)  # (block_size, head_dim)
+        self.register_buffer("sin", torch.cat((-angles.sin(), angles.sin()), dim=1), persistent=False)
 
     def forward(self, x, pos):  # x: (B, heads, T, head_dim), tokens at positions pos..pos+T-1
         T = x.size(2)
         cos, sin = self.cos[pos:pos + T].to(x.dtype), self.sin[pos:pos + T].to(x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+        return torch.addcmul(x * cos, x.roll(x.size(-1) // 2, dims=-1), sin)
 
 
 # ----------------------------------------------------------------------------- LIMe
@@ -275,7 +310,7 @@ class Attention(nn.Module):
         over every cached key too. Returns (B, T, H * d_h) for o_proj."""
         B, _, T, _ = q.shape
         pos = cache.pos if cache is not None else 0
-        q, k = rope(q, pos), rope(k, pos)
+        q, k = rope(torch.cat((q, k), dim=1), pos).split((self.n_head, self.n_kv_head), dim=1)  # one RoPE for both
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
         mask = None
@@ -315,9 +350,9 @@ class Block(nn.Module):
 
     def __init__(self, config, layer):
         super().__init__()
-        self.ln_1 = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+        self.ln_1 = RMSNorm(config.n_embd, config.norm_eps)
         self.attn = Attention(config, layer)
-        self.ln_2 = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+        self.ln_2 = RMSNorm(config.n_embd, config.norm_eps)
         self.mlp = MLP(config)
 
     def forward(self, x, rope, kv_stack=None, cache=None):
@@ -334,7 +369,7 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, layer) for layer in range(config.n_layer)]),
-            ln_f=nn.RMSNorm(config.n_embd, eps=config.norm_eps),
+            ln_f=RMSNorm(config.n_embd, config.norm_eps),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
