@@ -1,9 +1,22 @@
-"""Shared by the tests: the repo on sys.path, small prepared datasets, and the scripts run as a user runs
-them (a subprocess, DDP ranks) or, cheaper, in this process."""
+"""Shared by the tests: the repo on sys.path, small prepared datasets, the scripts run as a user runs them (a
+subprocess, DDP ranks) or, cheaper, in this process; the tiny models and plain references of the model tests;
+the small runs of train.py that the tests of errors and faults start, copy and break. Test files share helpers
+only through this file (`from conftest import build`), never by importing one another.
+
+Two ways to run a script. What only a process shows (the one-line `error:` and exit status that
+common.excepthook prints, --debug's traceback, a SIGKILL during a save, Ctrl-C, DDP ranks) runs as real
+subprocesses (run, launch_ranks); faults are injected into those from outside by a `python -c` that patches torch
+or the model, then runs train.py with runpy (patched). Everything else runs the scripts in this process (run_here,
+script_here, run_script: the same code, without a fresh Python importing torch each time) and checks the
+UserError each raises, which common.excepthook would print as that one line; faults are patched in from here
+(a NaN loss, a full disk, another process holding a lock).
+"""
 import contextlib
 import io
+import json
 import os
 import runpy
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,6 +44,7 @@ import common  # noqa: E402
 import data  # noqa: E402
 import model  # noqa: E402
 import prepare  # noqa: E402
+from model import GPT, GPTConfig, KVCache  # noqa: E402
 
 
 @pytest.fixture
@@ -152,6 +166,173 @@ def script_here(script, *args, env=None, capture=True):
 def run_here():
     """run_here('prepare.py', *args): script_here for a test, its output left to capsys: the exit status."""
     return lambda script, *args: script_here(script, *args, capture=False)[0]
+
+
+# ----------------------------------------------------------------------------- the model tests' tiny models
+# (tests/test_model.py, test_relatives.py, test_compile.py, test_cuda.py)
+VARIANTS = ["full", "average", "dynamic", "last-2", "first-1", "first-2"]
+V = 50
+
+
+def tiny(**kw):
+    args = dict(block_size=16, vocab_size=V, n_layer=4, n_head=4, n_kv_head=4, n_embd=32)
+    args.update(kw)
+    return GPTConfig(**args)
+
+
+def build(seed=0, **kw):
+    torch.manual_seed(seed)
+    model = GPT(tiny(**kw))
+    for block in model.transformer.h:  # make dynamic routers non-trivial so they are tested
+        router = block.attn.router
+        if router is not None and router.dynamic is not None:
+            torch.nn.init.normal_(router.dynamic.weight, std=0.1)
+    return model
+
+
+def plain_router_forward(self, x, kv_stack):
+    """Router.forward through the plain eq. (2): the full matrix over the stacked KV."""
+    R = self.matrix()
+    if self.dynamic is not None:
+        R = R + self.dynamic(x).view(*x.shape[:2], *R.shape)
+    return model.route_reference(R, torch.cat(kv_stack.sources))
+
+
+def scramble(model):
+    """Move DenseFormer weights off their init, so tests see them act."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith("dwa."):
+                p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+def loss_and_grads(model, x, y):
+    model.zero_grad()
+    logits, loss = model(x, y)
+    loss.backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+# (layers, layers per group of the two-phase sum): the default rule; a depth that is not a multiple
+# of the group; the degenerate groups of 1 layer (phase 1 does everything) and >= L (phase 2 does)
+GROUPINGS = [(4, None), (7, 3), (5, 1), (4, 4), (3, 8)]
+
+
+def step_logits(model, idx, n_new):
+    """Greedy decoding step by step with the cache; returns tokens and each step's logits."""
+    cache, logits_steps = KVCache(model.config), []
+    logits, _ = model(idx, cache=cache)
+    for _ in range(n_new):
+        logits_steps.append(logits[:, -1])
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        idx = torch.cat([idx, nxt], 1)
+        logits, _ = model(nxt, cache=cache)
+    return idx, logits_steps
+
+
+def saved_bytes(model, x):
+    """Bytes of the distinct storages autograd saves for backward in one training forward."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x, x)
+    return sum(storages.values())
+
+
+# ----------------------------------------------------------------------------- small runs, and what goes wrong
+# train.py's options for the small runs of the tests of errors and faults: 2 layers, 4 x 32 tokens per step
+TINY_RUN = ['--device=cpu', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
+            '--total_batch_size=128', '--eval_iters=2', '--warmup_iters=2', '--lr_decay_iters=50', '--log_interval=1']
+
+
+def fails(p, *needles):
+    """Exit status non-zero, exactly one stderr line, starting with 'error: ' and containing the needles."""
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode not in (0, None), p.stdout[-2000:]
+    assert 'Traceback' not in p.stderr, p.stderr
+    assert len(lines) == 1 and lines[0].startswith('error: '), p.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def ckpt_of(out_dir):
+    """The checkpoint a run wrote, as the scripts load it."""
+    return checkpoint.load_checkpoint(os.path.join(out_dir, 'ckpt.pt'))
+
+
+def error_of(run_here, script, *args):
+    """The message of the UserError a script raises (in this process) for these arguments."""
+    with pytest.raises(common.UserError) as e:
+        run_here(script, *args)
+    return str(e.value)
+
+
+def run_script(script, *args):
+    """`python <script> <args>` in this process; returns its exit status (a UserError propagates). Like a process
+    that ends, it gives back what the run took: its out_dir locks, signal handlers and excepthook. Unlike
+    script_here it starts with no out_dir locks of its own, so that a lock the test holds (held) is another
+    process's to it, and it runs in the working directory, its output left to capsys."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(sys, 'argv', [script, *args])
+        m.setattr(sys, 'excepthook', sys.excepthook)
+        m.setattr(checkpoint, '_locks', {})
+        try:
+            runpy.run_path(os.path.join(REPO, script), run_name='__main__')
+        except SystemExit as e:
+            return e.code
+        finally:
+            for fd in checkpoint._locks.values():
+                os.close(fd)
+            for s, h in handlers.items():
+                signal.signal(s, h)
+    return 0
+
+
+def train(data_dir, out_dir, *args):
+    """train.py with TINY_RUN's options in this process (run_script): its exit status."""
+    return run_script('train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args)
+
+
+def files(out_dir):
+    """The bytes of a run's checkpoint and log: what must survive anything that goes wrong."""
+    return {f: open(os.path.join(out_dir, f), 'rb').read() for f in ('ckpt.pt', 'log.jsonl')}
+
+
+def log_iters(out_dir):
+    """The iterations the records of a run's log.jsonl are of, in order."""
+    with open(os.path.join(out_dir, 'log.jsonl')) as f:
+        return [json.loads(line)['iter'] for line in f]
+
+
+@pytest.fixture(scope='session')
+def short_run(data_dir, tmp_path_factory):
+    """A run of 4 iterations (checkpoints at 2 and 4), made once: tests read it, or change a copy (run_copy)."""
+    out = str(tmp_path_factory.mktemp('trained') / 'out')
+    assert train(data_dir, out, '--max_iters=4', '--eval_interval=2') == 0
+    return out
+
+
+@pytest.fixture
+def run_copy(short_run, tmp_path):
+    out = str(tmp_path / 'run')
+    shutil.copytree(short_run, out)
+    return out
+
+
+@pytest.fixture
+def held(monkeypatch):
+    """lock_dir as another process would hold it (here: this one), released at the end of the test."""
+    monkeypatch.setattr(checkpoint, '_locks', {})
+    yield checkpoint.lock_dir
+    for fd in checkpoint._locks.values():
+        os.close(fd)
 
 
 # ----------------------------------------------------------------------------- no test's patch outlives it

@@ -1,4 +1,5 @@
-"""Tests for the Arithmetic Expression Task (arithmetic.py).
+"""Tests for the Arithmetic Expression Task (arithmetic.py); its evaluation's errors leave an earlier result as it
+was.
 
 The step checker here is independent of the generator: it parses both sides
 with Python's own parser (ast) and evaluates with fractions.Fraction.
@@ -18,8 +19,12 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import arithmetic as A  # noqa: E402
+import checkpoint  # noqa: E402
 import common  # noqa: E402
 import data  # noqa: E402
+import model  # noqa: E402
+from common import UserError  # noqa: E402
+from conftest import run_script  # noqa: E402
 
 PAPER = '(7+5)/(6+4*3-2*7)=12/(6+4*3-2*7)=12/(6+12-2*7)=12/(18-2*7)=12/(18-14)=12/4=3'
 _BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
@@ -326,3 +331,23 @@ def test_evaluate_counts_unfinished_generation_as_wrong():
     assert res['accuracy'] == 0.0 and res['failures'][0]['finished'] is False
     res = A.evaluate(model, [line], encode, decode, block_size=full + 1)
     assert res['accuracy'] == 1.0
+
+
+def test_a_result_is_never_replaced_by_the_score_of_nothing(tmp_path):
+    data = tmp_path / 'arithmetic'
+    A.prepare(str(data), samples=20, seed=1, n_val=5, n_test=6)
+    out = tmp_path / 'out'
+    out.mkdir()
+    args = dict(block_size=64, vocab_size=len(A.CHARS), n_layer=1, n_head=2, n_embd=16)
+    checkpoint.atomic_save({'nanolime': 1, 'model': model.GPT(model.GPTConfig(**args)).state_dict(), 'model_args': args,
+                        'iter_num': 0, 'meta': A._meta(),
+                        'config': {'dataset': 'arithmetic', 'data_dir': str(tmp_path)}}, str(out / 'ckpt.pt'))
+    (out / 'arith_eval_test.json').write_text('an earlier result')
+    with pytest.raises(UserError, match=r'max_examples=-1 must be >= 0 \(0: all\)'):
+        run_script('arithmetic.py', f'--out_dir={out}', '--max_examples=-1')
+    (data / 'test.txt').write_text('')
+    with pytest.raises(UserError) as e:
+        run_script('arithmetic.py', f'--out_dir={out}')
+    assert str(e.value) == (f"{data}/test.txt has no examples; rebuild it: python prepare.py arithmetic --force "
+                            f"--data_dir={tmp_path} --samples=20 --seed=1")
+    assert (out / 'arith_eval_test.json').read_text() == 'an earlier result'

@@ -1,8 +1,23 @@
-"""checkpoint.py: what a checkpoint records about the code that trained it."""
+"""checkpoint.py: what a checkpoint records about the code that trained it; loading one (refused in one line when
+it is foreign, damaged, non-finite or of another model; older model options loaded as what they were; a GPU's on a
+CPU); one run per out_dir (its lock) and a trained model replaced only when asked; writes that are atomic (a
+killed save, a full disk, two writers) and leave the previous checkpoint and log whole."""
+import glob
+import importlib.util
+import os
+import shutil
+import signal
 import subprocess
 
+import pytest
+import torch
+
 import checkpoint
-from conftest import REPO
+import common
+import prepare
+from common import UserError
+from conftest import REPO, TINY_RUN, ckpt_of, error_of, files, log_iters, patched, run, run_script, train
+from model import GPT, GPTConfig
 
 
 def test_git_commit_of_a_checkout_and_none_elsewhere(tmp_path, monkeypatch):
@@ -19,3 +34,285 @@ def test_trained_with_names_torch_and_commit_or_says_not_recorded():
     assert checkpoint.trained_with({'iter_num': 3, 'torch_version': '2.13.0', 'git_commit': 'abc'}) == \
         "iter 3, torch 2.13.0, commit abc"
     assert checkpoint.trained_with({'iter_num': 3}) == "iter 3, torch not recorded, commit not recorded"
+
+
+# ---------------------------------------------------------------------------- loading: what a checkpoint holds, checked
+# one layer, 4 x 16 tokens per step: a checkpoint for every loader to read
+TINY = ['--device=cpu', '--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4',
+        '--total_batch_size=64', '--eval_iters=1', '--warmup_iters=1', '--log_interval=1', '--compile=False']
+
+
+def test_every_loader_refuses_non_finite_weights(data_dir, tmp_path, run_here):
+    """A checkpoint whose weights hold a NaN (damaged outside train.py, which stops at a non-finite loss before
+    saving) is refused in one line naming the file and the tensor, by every script that loads one."""
+    good, bad = tmp_path / 'good', tmp_path / 'bad'
+    assert run_here('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={good}', '--max_iters=1',
+                    '--decay_lr=False') == 0
+    ckpt = torch.load(good / 'ckpt.pt', weights_only=True)
+    ckpt['model']['transformer.h.0.mlp.up_proj.weight'][3, 5] = float('nan')
+    bad.mkdir()
+    torch.save(ckpt, bad / 'ckpt.pt')
+    want = (f"{bad}/ckpt.pt holds non-finite weights (NaN or inf) in transformer.h.0.mlp.up_proj.weight; restore it "
+            "from a copy, or train again (train.py --overwrite replaces it)")
+    for script, *args in [('sample.py', f'--out_dir={bad}', '--max_new_tokens=2'),
+                          ('analyze.py', str(bad), f'--data_dir={data_dir}'),
+                          ('analyze.py', str(bad), '--no_model=True'),
+                          ('train.py', f'--out_dir={bad}', *TINY, f'--data_dir={data_dir}', '--max_iters=2',
+                           '--decay_lr=False', '--init_from=resume')]:
+        with pytest.raises(common.UserError) as e:
+            run_here(script, *args)
+        assert str(e.value) == want, script
+    if importlib.util.find_spec('lm_eval'):  # eval.py (its optional dependency); a process: it sets HF_* variables
+        p = run('eval.py', f'--out_dir={bad}', '--tasks=arc_easy', '--device=cpu')
+        assert p.returncode == 1 and p.stderr.strip().splitlines() == [f"error: {want}"]
+
+
+def write_ckpt(path, **model_args):
+    args = dict(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8)
+    model = GPT(GPTConfig(**args))
+    torch.save({checkpoint.CKPT_MARKER: 1, 'model': model.state_dict(), 'model_args': {**args, **model_args},
+                'iter_num': 0, 'config': {}}, path)
+
+
+def test_old_model_options_load_as_what_they_were(tmp_path):
+    """mhc was a flag (True: today's mhc='static'); value_residual, now removed, loads when off and is one
+    error line when on, saying what to do."""
+    write_ckpt(tmp_path / 'off.pt', mhc=False, value_residual=False)
+    args = checkpoint.load_checkpoint(str(tmp_path / 'off.pt'))['model_args']
+    assert args['mhc'] == '' and 'value_residual' not in args
+    GPTConfig(**args)
+    write_ckpt(tmp_path / 'static.pt', mhc=True, hc=2)
+    assert checkpoint.load_checkpoint(str(tmp_path / 'static.pt'))['model_args']['mhc'] == 'static'
+    write_ckpt(tmp_path / 'vr.pt', value_residual=True)
+    with pytest.raises(common.UserError, match="uses value_residual, which this version no longer has"):
+        checkpoint.load_checkpoint(str(tmp_path / 'vr.pt'))
+
+
+def test_checkpoint_without_the_newer_model_options_resumes(short_run, data_dir, tmp_path, run_here, capsys):
+    """A checkpoint written before denseformer existed: it was off. One written when value_residual (off)
+    existed and mhc was a flag (False: off): they load as off."""
+    ck = torch.load(os.path.join(short_run, 'ckpt.pt'), map_location='cpu', weights_only=True)
+    del ck['model_args']['denseformer']
+    ck['model_args'].update(value_residual=False, mhc=False)
+    torch.save(ck, tmp_path / 'ckpt.pt')
+    assert run_here('train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={tmp_path}', '--init_from=resume',
+                    '--max_iters=6', '--eval_interval=2') == 0
+    assert 'at iter 5' in capsys.readouterr().out and ckpt_of(str(tmp_path))['iter_num'] == 6
+
+
+def test_resume_from_a_foreign_checkpoint_is_refused(data_dir, tmp_path, run_here):
+    torch.save({'model': {}, 'model_args': {}, 'iter_num': 3}, tmp_path / 'ckpt.pt')  # e.g. nanoGPT's
+    assert 'is not a nanoLIMe checkpoint' in error_of(run_here, 'train.py', *TINY_RUN, f'--data_dir={data_dir}',
+                                                      f'--out_dir={tmp_path}', '--init_from=resume')
+
+
+def test_resume_with_another_model_shape_is_refused(short_run, data_dir, run_here):
+    line = error_of(run_here, 'train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={short_run}',
+                    '--init_from=resume', '--n_layer=3', '--n_embd=64', '--max_iters=8')
+    assert 'cannot resume from' in line and 'the model differs' in line
+    assert 'n_layer: 2 in the checkpoint, 3 now' in line and 'n_embd: 32 in the checkpoint, 64 now' in line
+    assert 'mlp_hidden' in line  # derived from n_embd: also named
+    assert ckpt_of(short_run)['iter_num'] == 4  # untouched
+
+
+def test_resuming_on_another_vocabulary_of_the_same_size_is_refused(run_copy, data_dir, tmp_path):
+    """Another dataset with as many characters, other ones: the model's ids would mean other characters."""
+    text = prepare.read_shakespeare()[:200_000]
+    chars = sorted(set(text))
+    assert len(chars) == 75  # the trained model's dataset: the same text
+    shifted = text.translate({ord(c): ord(c) + 1000 for c in chars})
+    prepare.prepare_char(shifted, str(tmp_path / 'other' / 'mine'))
+    before = files(run_copy)
+    with pytest.raises(UserError) as e:
+        train(tmp_path / 'other', run_copy, '--dataset=mine', '--init_from=resume', '--max_iters=6')
+    assert str(e.value) == (f"cannot resume from {run_copy}/ckpt.pt: it was trained on dataset 'shakespeare_char', "
+                            f"whose vocabulary differs from that of {tmp_path}/other/mine/meta.pkl (same size, other "
+                            "tokens); resume on the checkpoint's dataset and data_dir, or train into another out_dir")
+    assert files(run_copy) == before
+    shutil.copytree(os.path.join(data_dir, 'shakespeare_char'), tmp_path / 'same' / 'mine')  # same vocabulary
+    assert train(tmp_path / 'same', run_copy, '--dataset=mine', '--init_from=resume', '--max_iters=5') == 0
+
+
+def _as_if_saved_on_gpu(src, dst):
+    """Re-save a checkpoint with every tensor tagged 'cuda:0', as torch.save does on a GPU."""
+    ck = torch.load(src, map_location='cpu', weights_only=True)
+    entry = (-100, lambda storage: 'cuda:0', lambda storage, location: None)
+    torch.serialization._package_registry.append(entry)
+    torch.serialization._package_registry.sort(key=lambda e: e[0])
+    try:
+        torch.save(ck, dst)
+    finally:
+        torch.serialization._package_registry.remove(entry)
+
+
+def test_gpu_checkpoint_resumes_and_samples_on_cpu(short_run, data_dir, tmp_path, run_here, capsys):
+    if torch.cuda.is_available():
+        pytest.skip('this machine has CUDA')
+    out = tmp_path / 'gpu'
+    out.mkdir()
+    _as_if_saved_on_gpu(os.path.join(short_run, 'ckpt.pt'), out / 'ckpt.pt')
+    with pytest.raises(RuntimeError, match='CUDA'):  # the simulation is faithful: a plain load fails here
+        torch.load(out / 'ckpt.pt', weights_only=True)
+    assert run_here('sample.py', f'--out_dir={out}', '--max_new_tokens=5', '--num_samples=1', '--device=cpu') == 0
+    assert run_here('train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}', '--init_from=resume',
+                    '--max_iters=6', '--eval_interval=2') == 0
+    assert 'at iter 5' in capsys.readouterr().out and ckpt_of(str(out))['iter_num'] == 6
+
+
+def test_a_log_line_that_is_not_a_record_is_named(run_copy):
+    with open(os.path.join(run_copy, 'log.jsonl'), 'a') as f:
+        f.write('[1, 2]\n')  # after the records of iterations 0 to 4
+    with pytest.raises(UserError) as e:
+        checkpoint.read_log(run_copy)
+    assert str(e.value) == (f"{run_copy}/log.jsonl, line 6: not a record of train.py ('[1, 2]'; each line is a JSON "
+                            "object with its 'iter'): delete that line, or restore the file")
+
+
+# -------------------------------------------------------- one run per out_dir; a trained model replaced only when asked
+def test_a_second_run_into_a_busy_out_dir_stops_at_once(run_copy, data_dir, held, capsys):
+    before = files(run_copy)
+    held(run_copy, 'out_dir')
+    with pytest.raises(UserError) as e:
+        train(data_dir, run_copy, '--init_from=resume', '--max_iters=8')
+    assert str(e.value) == (f"out_dir {run_copy} is in use by another process (pid {os.getpid()}); "
+                            "wait for it to end, or use another out_dir")
+    assert capsys.readouterr().out == '' and files(run_copy) == before  # stopped before any work
+
+
+def test_a_scratch_run_does_not_replace_a_trained_model(run_copy, data_dir):
+    before = files(run_copy)
+    with pytest.raises(UserError) as e:
+        train(data_dir, run_copy, '--max_iters=2')
+    assert str(e.value) == (f"{run_copy}/ckpt.pt holds a trained model: continue it with --init_from=resume, "
+                            "train into another --out_dir, or replace it with --overwrite")
+    assert files(run_copy) == before
+    # asked to, it does (at its first checkpoint), and the old log goes with the old model
+    assert train(data_dir, run_copy, '--max_iters=2', '--eval_interval=2', '--overwrite') == 0
+    assert log_iters(run_copy) == [0, 1, 2] and torch.load(os.path.join(run_copy, 'ckpt.pt'))['iter_num'] == 2
+
+
+@pytest.mark.parametrize('arg', ['--max_iters=0', '--eval_only'])
+def test_overwrite_that_would_train_nothing_is_refused(arg, run_copy, data_dir, capsys):
+    """--overwrite with nothing to train would write no checkpoint, only a log of an untrained model beside the
+    trained one: refused before any work, both files as they were."""
+    before = files(run_copy)
+    with pytest.raises(UserError) as e:
+        train(data_dir, run_copy, '--overwrite', arg)
+    assert str(e.value) == (f"{run_copy}/ckpt.pt holds a trained model, and --overwrite with this run would only "
+                            "evaluate an untrained one (eval_only=True or max_iters=0): nothing was done, the model "
+                            "and its log are intact; to evaluate it use --init_from=resume --eval_only=True, to "
+                            "replace it train (--max_iters >= 1)")
+    assert files(run_copy) == before and 'iter 0' not in capsys.readouterr().out
+
+
+def test_an_out_dir_that_cannot_be_written_is_refused_before_training(data_dir, tmp_path, capsys):
+    (tmp_path / 'f').write_text('a file')
+    with pytest.raises(UserError) as e:
+        train(data_dir, tmp_path / 'f' / 'out')
+    assert str(e.value) == f"cannot write into out_dir={tmp_path}/f/out: not a directory; choose another --out_dir"
+    with pytest.raises(UserError, match='it is a file, not a directory'):
+        train(data_dir, tmp_path / 'f')
+    assert capsys.readouterr().out == ''
+
+
+def test_bench_checks_its_output_before_the_benchmark(tmp_path, capsys):
+    (tmp_path / 'f').write_text('a file')
+    with pytest.raises(UserError, match=f'cannot write into json={tmp_path}/f: it is a file'):
+        run_script('bench.py', '--json=' + str(tmp_path / 'f' / 'b.json'))
+    assert capsys.readouterr().out == ''
+
+
+# ----------------------------------------------------------------------------- atomic writes
+def test_two_processes_writing_one_file_do_not_share_a_temp_file(tmp_path, monkeypatch):
+    """While this process writes `path`, another one writes it too: each has its own temp file, so both writes
+    complete and the last one to finish is what `path` holds, whole."""
+    path = str(tmp_path / 'ckpt.pt')
+
+    def write(f):
+        f.write(b'A' * 10)
+        with monkeypatch.context() as m:
+            m.setattr(os, 'getpid', lambda: 4_000_000)  # the other process
+            checkpoint.atomic_write(path, lambda g: g.write(b'B'))
+        f.write(b'A' * 10)
+    checkpoint.atomic_write(path, write)
+    assert open(path, 'rb').read() == b'A' * 20 and os.listdir(tmp_path) == ['ckpt.pt']
+
+
+def test_what_a_killed_run_was_writing_is_cleaned_up_by_the_next(run_copy, data_dir):
+    stale = os.path.join(run_copy, 'ckpt.pt.4000000.tmp')  # a run killed during a save leaves its temp file
+    open(stale, 'wb').write(b'half a checkpoint')
+    assert train(data_dir, run_copy, '--init_from=resume', '--max_iters=4') == 0  # nothing to train
+    assert not os.path.exists(stale)
+
+
+# the second torch.save writes half of its bytes, then the process dies as by `kill -9`
+KILL_IN_SECOND_SAVE = """
+import io, os, signal, torch
+_save, _calls = torch.save, [0]
+def save(obj, f, *args, **kwargs):
+    _calls[0] += 1
+    if _calls[0] < 2:
+        return _save(obj, f, *args, **kwargs)
+    buf = io.BytesIO()
+    _save(obj, buf, *args, **kwargs)
+    f.write(buf.getvalue()[:len(buf.getvalue()) // 2])
+    f.flush()
+    os.fsync(f.fileno())
+    os.kill(os.getpid(), signal.SIGKILL)
+torch.save = save
+"""
+
+
+def test_kill_during_save_leaves_the_previous_checkpoint(data_dir, tmp_path, run_here, capsys):
+    out = str(tmp_path)
+    p = run(patched(KILL_IN_SECOND_SAVE), *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=20',
+                    '--eval_interval=5')
+    assert p.returncode == -signal.SIGKILL
+    assert 'saved checkpoint' in p.stdout and '(iter 5)' in p.stdout and '(iter 10)' not in p.stdout
+    tmp, = glob.glob(os.path.join(out, 'ckpt.pt.*.tmp'))  # the half-written file
+    assert os.path.getsize(tmp) > 0
+    with pytest.raises(common.UserError, match='truncated or not a checkpoint'):
+        checkpoint.load_checkpoint(tmp)
+    assert ckpt_of(out)['iter_num'] == 5
+    assert run_here('train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=7',
+                    '--eval_interval=5', '--init_from=resume') == 0
+    assert 'at iter 6' in capsys.readouterr().out and ckpt_of(out)['iter_num'] == 7
+
+
+def save_into_a_full_disk(save):
+    """torch.save as on a full disk: its bytes go to /dev/full (ENOSPC), and torch raises its own RuntimeError
+    ('unexpected pos ...', with the OSError as its context)."""
+    def full(obj, f, *args, **kwargs):
+        f.write(b'the start of a checkpoint')
+        dev = open('/dev/full', 'wb')
+        try:
+            save(obj, dev, *args, **kwargs)
+        finally:
+            try:
+                dev.close()
+            except OSError:  # what is left in its buffer cannot be written either
+                pass
+    return full
+
+
+@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
+def test_a_full_disk_is_the_documented_error_and_leaves_no_temp_file(run_copy, data_dir, monkeypatch, tmp_path):
+    """torch.save reports a write that fails as a RuntimeError of its own ('unexpected pos ...'), not an OSError."""
+    with pytest.raises(RuntimeError, match='unexpected pos'):  # the fake is faithful
+        save_into_a_full_disk(torch.save)({'x': torch.zeros(100_000)}, open(os.devnull, 'wb'))
+    (tmp_path / 'disk').mkdir()
+    path = str(tmp_path / 'disk' / 'ckpt.pt')
+    os.symlink('/dev/full', f'{path}.{os.getpid()}.tmp')  # the temp file atomic_save writes: on a full disk
+    with pytest.raises(UserError) as e:
+        checkpoint.atomic_save({'x': torch.zeros(100_000)}, path, then='retry')  # larger than the file's buffer
+    assert str(e.value) == (f"cannot write {path}: no space left on device; the file there, if any, is unchanged: "
+                            "free some space (or fix the permissions), then retry")
+    assert os.listdir(tmp_path / 'disk') == []
+    before = files(run_copy)
+    monkeypatch.setattr(torch, 'save', save_into_a_full_disk(torch.save))
+    with pytest.raises(UserError) as e:
+        train(data_dir, run_copy, '--init_from=resume', '--max_iters=6', '--eval_interval=2')
+    assert str(e.value) == (f"training stopped at iter 6: cannot write {run_copy}/ckpt.pt: no space left on device; "
+                            "the file there, if any, is unchanged: free some space (or fix the permissions), then "
+                            "continue with --init_from=resume")
+    assert files(run_copy) == before and sorted(os.listdir(run_copy)) == ['.lock', 'ckpt.pt', 'log.jsonl']

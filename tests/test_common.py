@@ -1,15 +1,17 @@
-"""common.py: the choices it makes for the device a run is on; loading checkpoints written by earlier
-versions of the model's options."""
-import importlib.util
+"""common.py: the choices it makes for the device a run is on; the variant names bench.py and sweep.py read; the
+configuration's --debug flag and every script's --help; how an error reaches the user: one 'error:' line and a
+non-zero exit status (out of memory, a Ctrl-C while torch loads, a DDP rank that lost another), or with --debug
+the traceback."""
+import contextlib
 import re
+import signal
+import sys
 
 import pytest
 import torch
 
-import checkpoint
 import common
-from conftest import run
-from model import GPT, GPTConfig
+from conftest import TINY_RUN, ckpt_of, fails, launch_ranks, patched, run, script_here
 
 
 @pytest.mark.parametrize('gpu, native, want', [('A100', True, torch.bfloat16), ('V100', False, torch.float16),
@@ -24,54 +26,114 @@ def test_auto_dtype_is_bf16_only_where_the_gpu_has_it(gpu, native, want, monkeyp
     assert common.resolve_dtype('bfloat16', 'cuda:0') == torch.bfloat16  # asked for by name: as asked
 
 
-TINY = ['--device=cpu', '--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4',
-        '--total_batch_size=64', '--eval_iters=1', '--warmup_iters=1', '--log_interval=1', '--compile=False']
+# ------------------------------------------------------------------------ one error line, or with --debug the traceback
+def test_debug_shows_the_traceback(data_dir, monkeypatch, capsys):
+    """--debug (a bare flag; --debug=True is the same check) and NANOLIME_DEBUG=1: the traceback instead."""
+    p = run('train.py', f'--data_dir={data_dir}', '--n_layers=2', '--debug')
+    assert p.returncode != 0 and 'Traceback' in p.stderr and 'UserError' in p.stderr
+    monkeypatch.setattr(sys, 'excepthook', sys.excepthook)
+    try:
+        raise common.UserError('bad')
+    except common.UserError as e:
+        err = e
+    for debug in ('1', ''):  # the same handler, here: the environment variable turns it on
+        monkeypatch.setenv('NANOLIME_DEBUG', debug)
+        common.configure({'n_layer': 2}, argv=[])
+        with pytest.raises(SystemExit) if not debug else contextlib.nullcontext():
+            common.excepthook(common.UserError, err, err.__traceback__)
+        assert ('Traceback' in capsys.readouterr().err) == bool(debug)
 
 
-def test_every_loader_refuses_non_finite_weights(data_dir, tmp_path, run_here):
-    """A checkpoint whose weights hold a NaN (damaged outside train.py, which stops at a non-finite loss before
-    saving) is refused in one line naming the file and the tensor, by every script that loads one."""
-    good, bad = tmp_path / 'good', tmp_path / 'bad'
-    assert run_here('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={good}', '--max_iters=1',
-                    '--decay_lr=False') == 0
-    ckpt = torch.load(good / 'ckpt.pt', weights_only=True)
-    ckpt['model']['transformer.h.0.mlp.up_proj.weight'][3, 5] = float('nan')
-    bad.mkdir()
-    torch.save(ckpt, bad / 'ckpt.pt')
-    want = (f"{bad}/ckpt.pt holds non-finite weights (NaN or inf) in transformer.h.0.mlp.up_proj.weight; restore it "
-            "from a copy, or train again (train.py --overwrite replaces it)")
-    for script, *args in [('sample.py', f'--out_dir={bad}', '--max_new_tokens=2'),
-                          ('analyze.py', str(bad), f'--data_dir={data_dir}'),
-                          ('analyze.py', str(bad), '--no_model=True'),
-                          ('train.py', f'--out_dir={bad}', *TINY, f'--data_dir={data_dir}', '--max_iters=2',
-                           '--decay_lr=False', '--init_from=resume')]:
-        with pytest.raises(common.UserError) as e:
-            run_here(script, *args)
-        assert str(e.value) == want, script
-    if importlib.util.find_spec('lm_eval'):  # eval.py (its optional dependency); a process: it sets HF_* variables
-        p = run('eval.py', f'--out_dir={bad}', '--tasks=arc_easy', '--device=cpu')
-        assert p.returncode == 1 and p.stderr.strip().splitlines() == [f"error: {want}"]
+def test_bare_debug_flag_trains(data_dir, tmp_path, run_here, capsys):
+    assert run_here('train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={tmp_path}', '--max_iters=2',
+                    '--debug') == 0
+    assert ckpt_of(str(tmp_path))['config']['debug'] is True and 'done: 2 iters' in capsys.readouterr().out
 
 
-def write_ckpt(path, **model_args):
-    args = dict(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8)
-    model = GPT(GPTConfig(**args))
-    torch.save({checkpoint.CKPT_MARKER: 1, 'model': model.state_dict(), 'model_args': {**args, **model_args},
-                'iter_num': 0, 'config': {}}, path)
+def test_out_of_memory_on_the_cpu_is_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(sys, 'excepthook', sys.excepthook)
+    monkeypatch.delenv('NANOLIME_DEBUG', raising=False)
+    common.configure({'n_layer': 2}, argv=[])
+    errors = [MemoryError()]  # numpy's, or Python's
+    try:
+        torch.empty(2 ** 62, dtype=torch.uint8)  # the CPU allocator's own error (a RuntimeError)
+    except RuntimeError as e:
+        errors.append(e)
+    assert len(errors) == 2
+    for e in errors:
+        with pytest.raises(SystemExit):
+            common.excepthook(type(e), e, e.__traceback__)
+        assert capsys.readouterr().err == ("error: out of memory: lower batch_size (train.py then accumulates more "
+                                           "micro-steps) or block_size; the last checkpoint, if any, is intact\n")
 
 
-def test_old_model_options_load_as_what_they_were(tmp_path):
-    """mhc was a flag (True: today's mhc='static'); value_residual, now removed, loads when off and is one
-    error line when on, saying what to do."""
-    write_ckpt(tmp_path / 'off.pt', mhc=False, value_residual=False)
-    args = checkpoint.load_checkpoint(str(tmp_path / 'off.pt'))['model_args']
-    assert args['mhc'] == '' and 'value_residual' not in args
-    GPTConfig(**args)
-    write_ckpt(tmp_path / 'static.pt', mhc=True, hc=2)
-    assert checkpoint.load_checkpoint(str(tmp_path / 'static.pt'))['model_args']['mhc'] == 'static'
-    write_ckpt(tmp_path / 'vr.pt', value_residual=True)
-    with pytest.raises(common.UserError, match="uses value_residual, which this version no longer has"):
-        checkpoint.load_checkpoint(str(tmp_path / 'vr.pt'))
+# on one rank, at its 6th optimizer step (after the checkpoint of iter 4): a kill, or an error only it sees
+ONE_RANK_STOPS = """
+import os, signal, torch, common
+_step, _calls = torch.optim.AdamW.step, [0]
+def step(self, *args, **kwargs):
+    _calls[0] += 1
+    if os.environ['RANK'] == os.environ['STOPPING_RANK'] and _calls[0] == 6:
+        if os.environ['HOW'] == 'kill':
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise common.UserError('a problem only this rank sees')
+    return _step(self, *args, **kwargs)
+torch.optim.AdamW.step = step
+"""
+
+
+@pytest.mark.parametrize('stopping, how', [(1, 'kill'), (0, 'error')])
+def test_a_rank_that_stops_alone_is_named_by_the_other(stopping, how, data_dir, tmp_path, monkeypatch):
+    """The other rank says what happened and that the checkpoint is intact, not gloo's text."""
+    monkeypatch.setenv('STOPPING_RANK', str(stopping))
+    monkeypatch.setenv('HOW', how)
+    args = [*TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={tmp_path}', '--max_iters=10', '--eval_interval=4',
+            '--total_batch_size=256']
+    ranks = launch_ranks(patched(ONE_RANK_STOPS), *args, timeout=240)
+    other = ranks[1 - stopping]
+    line = fails(other, 'lost the connection to another rank, which stopped (killed, or with an error it reports '
+                        'itself): stopping too; the last checkpoint, if any, is intact (rank 0 writes it whole): fix '
+                        'what stopped that rank, then continue with --init_from=resume')
+    assert line.startswith('error: [rank 1] ' if stopping == 0 else 'error: lost')
+    if how == 'kill':
+        assert ranks[stopping].returncode == -signal.SIGKILL
+    else:
+        assert fails(ranks[stopping]) == 'error: a problem only this rank sees'
+    assert ckpt_of(str(tmp_path))['iter_num'] == 4
+
+
+# ----------------------------------------------------------------------------- every script's --help and early Ctrl-C
+SCRIPTS = ['train.py', 'sample.py', 'prepare.py', 'sweep.py', 'analyze.py', 'bench.py', 'eval.py', 'arithmetic.py']
+
+
+@pytest.mark.parametrize('flag', ['--help', '-h'])
+@pytest.mark.parametrize('script', SCRIPTS)
+def test_help_says_where_the_options_are(script, flag):
+    code, out, err = script_here(script, flag)
+    assert code == 0 and err == '', err
+    text = ' '.join(out.split())
+    assert f"usage: python {script}" in text and f"The options are the globals at the top of {script}" in text
+    assert "A config file" in text and "then --key=value sets one" in text
+    assert re.search(r'^  debug +=  ?False$', out, re.M)  # the options, with their defaults
+
+
+# the import of torch is interrupted, as by a Ctrl-C in the seconds it takes
+CTRL_C_IN_IMPORT = """
+import sys
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == 'torch':
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, CtrlC())
+"""
+
+
+@pytest.mark.parametrize('script', SCRIPTS)
+def test_ctrl_c_while_torch_loads_is_one_line(script):
+    run_script = f"import runpy\nsys.argv[0] = {script!r}\nrunpy.run_path({script!r}, run_name='__main__')\n"
+    p = run([sys.executable, '-c', CTRL_C_IN_IMPORT + run_script])
+    assert p.returncode == -signal.SIGINT and p.stdout == ''
+    assert p.stderr == "error: interrupted while starting; nothing was done\n"
 
 
 # ----------------------------------------------------------------------------- variant names

@@ -10,7 +10,7 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from model import GPT, GPTConfig
-from test_model import saved_bytes
+from conftest import saved_bytes
 
 V = 50
 

@@ -1,4 +1,8 @@
-"""The test setup itself: what every test relies on, checked on a CPU."""
+"""The test setup itself: what every test relies on, checked on a CPU; and the layout of tests/ (one test file
+per module, sharing helpers only through conftest.py)."""
+import ast
+import glob
+import os
 import subprocess
 import sys
 import types
@@ -39,3 +43,18 @@ def test_every_core_when_xdist_is_there(plugin, given, want):
                                    getoption=lambda name, default=None: getattr(option, name, default))
     conftest.pytest_cmdline_main(config)
     assert option.numprocesses == want
+
+
+def test_no_test_file_imports_another():
+    """What several test files share lives in conftest.py (`from conftest import build`), not in one of them: no
+    test file imports another (`from test_model import build`, `import tests.test_model`)."""
+    found = []
+    for path in sorted(glob.glob(f'{REPO}/tests/*.py')):
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ''] if isinstance(node, ast.ImportFrom) else [])
+            found += [f'{os.path.basename(path)}:{node.lineno} imports {name}' for name in names
+                      if any(part.startswith('test_') for part in name.split('.'))]
+    assert found == [], 'move what they share into tests/conftest.py:\n' + '\n'.join(found)

@@ -18,7 +18,7 @@ from torch._dynamo.utils import counters
 import checkpoint
 import model as M
 from conftest import ok, run
-from test_model import GROUPINGS, VARIANTS, build, loss_and_grads, plain_router_forward, scramble, step_logits
+from conftest import GROUPINGS, VARIANTS, build, loss_and_grads, plain_router_forward, scramble, step_logits
 
 # float32 runs with TF32 off (conftest.full_float32), so that the float32 tolerances are float32's
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),

@@ -21,6 +21,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noq
 
 import eval as ev  # noqa: E402  (imported, eval.py only defines its adapter)
 import common  # noqa: E402
+from common import UserError  # noqa: E402
+from conftest import run_script  # noqa: E402
 import data  # noqa: E402
 from checkpoint import atomic_save  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -368,3 +370,11 @@ def test_error_no_network(runs):
     assert line.startswith("error: task hub_mc needs its dataset from the Hugging Face hub and there is no network")
     assert "--include_path" in line and "dataset_path: json" in line
     assert "Retrying" not in runs[0]["offline"][1]  # found out at once, not after the hub client's retries
+
+
+def test_eval_checks_its_output_before_the_evaluation(short_run, monkeypatch):
+    pytest.importorskip('lm_eval')  # (slow: most of this test)
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    monkeypatch.setenv('HF_DATASETS_OFFLINE', '1')
+    with pytest.raises(UserError, match=f'cannot write into out_dir={short_run}/ckpt.pt: it is a file'):
+        run_script('eval.py', f'--out_dir={short_run}', '--device=cpu', '--results_file=ckpt.pt/r.json')

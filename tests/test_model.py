@@ -10,56 +10,9 @@ import torch.nn.functional as F
 
 import model as M
 import relatives
+from conftest import (GROUPINGS, V, VARIANTS, build, loss_and_grads, plain_router_forward, saved_bytes, scramble,
+                      step_logits, tiny)
 from model import GPT, GPTConfig, KVCache
-
-VARIANTS = ["full", "average", "dynamic", "last-2", "first-1", "first-2"]
-V = 50
-
-
-def tiny(**kw):
-    args = dict(block_size=16, vocab_size=V, n_layer=4, n_head=4, n_kv_head=4, n_embd=32)
-    args.update(kw)
-    return GPTConfig(**args)
-
-
-def build(seed=0, **kw):
-    torch.manual_seed(seed)
-    model = GPT(tiny(**kw))
-    for block in model.transformer.h:  # make dynamic routers non-trivial so they are tested
-        router = block.attn.router
-        if router is not None and router.dynamic is not None:
-            torch.nn.init.normal_(router.dynamic.weight, std=0.1)
-    return model
-
-
-def plain_router_forward(self, x, kv_stack):
-    """Router.forward through the plain eq. (2): the full matrix over the stacked KV."""
-    R = self.matrix()
-    if self.dynamic is not None:
-        R = R + self.dynamic(x).view(*x.shape[:2], *R.shape)
-    return M.route_reference(R, torch.cat(kv_stack.sources))
-
-
-def scramble(model):
-    """Move DenseFormer weights off their init, so tests see them act."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.startswith("dwa."):
-                p.add_(torch.randn_like(p) * 0.3)
-    return model
-
-
-def loss_and_grads(model, x, y):
-    model.zero_grad()
-    logits, loss = model(x, y)
-    loss.backward()
-    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-# (layers, layers per group of the two-phase sum): the default rule; a depth that is not a multiple
-# of the group; the degenerate groups of 1 layer (phase 1 does everything) and >= L (phase 2 does)
-GROUPINGS = [(4, None), (7, 3), (5, 1), (4, 4), (3, 8)]
-
 
 @pytest.mark.parametrize("router", VARIANTS)
 @pytest.mark.parametrize("n_kv_head", [4, 2])
@@ -257,18 +210,6 @@ def test_gradients_reach_every_router_and_earlier_kv():
     assert g.abs().sum() > 0
 
 
-def step_logits(model, idx, n_new):
-    """Greedy decoding step by step with the cache; returns tokens and each step's logits."""
-    cache, logits_steps = KVCache(model.config), []
-    logits, _ = model(idx, cache=cache)
-    for _ in range(n_new):
-        logits_steps.append(logits[:, -1])
-        nxt = logits[:, -1].argmax(-1, keepdim=True)
-        idx = torch.cat([idx, nxt], 1)
-        logits, _ = model(nxt, cache=cache)
-    return idx, logits_steps
-
-
 CACHE_CASES = [dict(), dict(n_kv_head=2), *[dict(lime=True, router=r) for r in VARIANTS],
                dict(lime=True, n_kv_head=2), dict(lime=True, router="dynamic", n_kv_head=2),
                dict(hc=4), dict(hc=4, hc_dynamic=True), dict(lime=True, hc=2, n_kv_head=2),
@@ -367,19 +308,6 @@ def test_optimizer_groups_hold_every_parameter_once():
                 assert g["weight_decay"] == 0 and "transformer.wte.weight" in group_names
         if kw.get("lime"):
             assert any(g["name"] == "router" for g in opt.param_groups)
-
-
-def saved_bytes(model, x):
-    """Bytes of the distinct storages autograd saves for backward in one training forward."""
-    storages = {}
-
-    def pack(t):
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x, x)
-    return sum(storages.values())
 
 
 def test_activation_memory_is_linear_in_depth():

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from conftest import OPTIMIZERS
 import model as M
 import relatives as R
-from test_model import V, build, loss_and_grads, saved_bytes, step_logits, tiny
+from conftest import V, build, loss_and_grads, saved_bytes, step_logits, tiny
 
 def assert_matches(model, reference, grad_atol=lambda ref: 1e-6):
     """The model against reference(model, x, y) -> (logits, loss), a naive form written from the paper's

@@ -1,11 +1,53 @@
-"""sample.py: its options checked before anything is loaded."""
+"""sample.py: its options checked before anything is loaded; a missing, foreign or damaged checkpoint and a prompt
+outside the vocabulary, each one error line."""
+import os
+
 import pytest
+import torch
 
 from common import UserError
-from conftest import script_here
+from conftest import error_of, script_here
 
 
 @pytest.mark.parametrize('top_p', ['0.0', '1.5', '-0.1'])
 def test_top_p_out_of_range_is_refused(top_p, tmp_path):
     with pytest.raises(UserError, match=rf"top_p={float(top_p)} must be in \(0, 1\] \(1.0: no nucleus cut\)"):
         script_here('sample.py', f'--out_dir={tmp_path}', f'--top_p={top_p}')
+
+
+def test_sample_without_checkpoint(tmp_path, run_here):
+    line = error_of(run_here, 'sample.py', f'--out_dir={tmp_path}')
+    assert f'no checkpoint at {tmp_path}/ckpt.pt' in line and 'train one first' in line
+
+
+def test_sample_foreign_truncated_and_garbage_checkpoints(short_run, tmp_path, run_here):
+    (tmp_path / 'foreign').mkdir()
+    torch.save({'model': {}, 'model_args': {}, 'config': {}}, tmp_path / 'foreign' / 'ckpt.pt')
+    assert 'is not a nanoLIMe checkpoint' in error_of(run_here, 'sample.py', f'--out_dir={tmp_path / "foreign"}')
+    (tmp_path / 'cut').mkdir()
+    data = open(os.path.join(short_run, 'ckpt.pt'), 'rb').read()
+    (tmp_path / 'cut' / 'ckpt.pt').write_bytes(data[:len(data) // 2])
+    assert 'is truncated or not a checkpoint' in error_of(run_here, 'sample.py', f'--out_dir={tmp_path / "cut"}')
+    (tmp_path / 'junk').mkdir()
+    (tmp_path / 'junk' / 'ckpt.pt').write_text('hello')
+    assert 'is truncated or not a checkpoint' in error_of(run_here, 'sample.py', f'--out_dir={tmp_path / "junk"}')
+
+
+def test_sample_prompt_outside_the_vocabulary(short_run, tmp_path, run_here):
+    line = error_of(run_here, 'sample.py', f'--out_dir={short_run}', '--start=Hello ☃ world€', '--device=cpu')
+    assert '--start: characters not in the vocabulary' in line and '€☃' in line
+    assert 'no such file' in error_of(run_here, 'sample.py', f'--out_dir={short_run}',
+                                      f'--start=FILE:{tmp_path}/nope.txt')
+    assert '--start is empty' in error_of(run_here, 'sample.py', f'--out_dir={short_run}', '--start=')
+
+
+@pytest.mark.parametrize('args, needle', [
+    (['--max_new_tokens=0'], 'max_new_tokens=0 must be >= 1'),
+    (['--max_new_tokens=-5'], 'max_new_tokens=-5 must be >= 1'),
+    (['--num_samples=0'], 'num_samples=0 must be >= 1'),
+    (['--temperature=-1.0'], 'temperature=-1.0 must be a finite number >= 0'),
+    (['--top_k=0'], 'top_k=0 must be >= 1'),
+    (['--tempreature=0.5'], "did you mean 'temperature'?"),
+])
+def test_sample_bad_options(args, needle, short_run, run_here):
+    assert needle in error_of(run_here, 'sample.py', f'--out_dir={short_run}', *args)

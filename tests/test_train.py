@@ -1,25 +1,37 @@
-"""train.py / sample.py end to end on the CPU: tiny models, a small char dataset in a temp dir.
+"""train.py end to end on the CPU (and sample.py on what it trained): tiny models, a small char dataset in a temp
+dir; its bad configurations (one 'error:' line each, before any work); its faults (a NaN loss, a save that fails,
+a kill between the checkpoint and the log, Ctrl-C, DDP ranks that stop), after which the last good checkpoint and
+every log record are intact.
 
-The scripts run unchanged (seeded, fp32): as subprocesses where the process matters (the shared
-trained run, DDP under torchrun, torch.compile, whose caches should not outlive a test), else in this
-process (conftest's run_here), which spares a fresh Python importing torch for each run. What a CPU
-cannot run (CUDA) is patched in from outside: torch.cuda's functions are replaced before train.py runs.
+The scripts run unchanged (seeded, fp32): as subprocesses where the process matters (the one-line error, a
+SIGKILL, Ctrl-C, DDP under torchrun, torch.compile, whose caches should not outlive a test), else in this
+process (conftest's run_here and run_script), which spares a fresh Python importing torch for each run. What a
+CPU cannot run (CUDA) is patched in from outside: torch.cuda's functions are replaced before train.py runs.
 """
+import errno
+import glob
 import json
 import math
 import os
 import runpy
 import shutil
+import signal
+import socket
+import subprocess
 import sys
+import time
 import types
 
 import pytest
 import torch
 import torch.distributed
 
-from conftest import OPTIMIZERS, REPO, launch_ranks, ok, patched, run, script_here
+from conftest import (OPTIMIZERS, REPO, TINY_RUN, child_env, ckpt_of, error_of, fails, files, launch_ranks, log_iters,
+                      ok, patched, run, run_script, script_here, train)
 import checkpoint
 import common
+import model
+from common import UserError
 from model import GPT, GPTConfig
 
 # 8 sequences x 32 tokens per micro-step, one micro-step per iteration
@@ -380,3 +392,323 @@ def test_muon_on_a_torch_without_it_is_one_line(data_dir, tmp_path):
         f"error: optimizer='muon' needs torch.optim.Muon, in torch 2.9 and newer (this is torch {torch.__version__}): "
         "upgrade torch, or use optimizer='adamw'"]
     assert not out.exists()
+
+
+# ------------------------------------------------------------------ bad configurations: one error line, before any work
+@pytest.mark.parametrize('args, needles', [
+    (['--n_layers=2'], ["unknown config key 'n_layers'", "did you mean 'n_layer'?"]),
+    (['--learnig_rate=1e-3'], ["did you mean 'learning_rate'?"]),
+    (['--batch_size=abc'], ["batch_size='abc': expected int, got str"]),
+    (['--batch_size=2.5'], ['expected int, got float']),
+    (['--lime=yes'], ["lime='yes': expected bool, got str"]),
+    (['--compile=sometimes'], ["expected 'auto', True or False"]),
+    (['--max_iters'], ['expected --key=value']),
+    (['config/no_such_config.py'], ['no such config file: config/no_such_config.py']),
+    (['--n_embd=30', '--n_head=4'], ['invalid model config', 'n_embd=30 must be divisible by n_head=4']),
+    (['--n_head=4', '--n_kv_head=3'], ['n_head=4 must be divisible by n_kv_head=3']),
+    (['--n_embd=12', '--n_head=4'], ['must be even for RoPE']),
+    (['--router=last-x'], ["unknown router 'last-x'", 'first-<j>']),
+    (['--router=average', '--router_init=identity'],
+     ["router_init='identity' has nothing to initialize with router='average' (fixed weights)"]),
+    (['--batch_size=0'], ['batch_size=0 must be >= 1']),
+    (['--total_batch_size=0'], ['total_batch_size=0 must be >= 1']),
+    (['--batch_size=8', '--block_size=32', '--total_batch_size=1000'],
+     ['total_batch_size=1000 is not a multiple of batch_size * block_size * world_size = 8 * 32 * 1 = 256',
+      'set it to a multiple of 256']),
+    (['--init_from=gpt2'], ["init_from='gpt2': expected 'scratch', 'resume' or 'hf:DIR'"]),
+    (['--dtype=float16', '--device=cpu'], ["dtype='float16' needs CUDA"]),
+    (['--device=tpu'], ["device='tpu'"]),
+    (['--dataset=shakespear_char'], ["unknown dataset 'shakespear_char'", "did you mean 'shakespeare_char'?"]),
+])
+def test_bad_config(args, needles, data_dir, run_here):
+    line = error_of(run_here, 'train.py', f'--data_dir={data_dir}', '--out_dir=/nonexistent/never-written', *args)
+    assert all(n in line for n in needles), (needles, line)
+
+
+def test_bad_config_is_one_error_line(data_dir):
+    """As the user sees it, from a real process: one line on stderr, exit status 1, nothing else."""
+    p = run('train.py', f'--data_dir={data_dir}', '--out_dir=/nonexistent/never-written', '--n_layers=2')
+    assert p.returncode == 1 and p.stdout == ''
+    assert fails(p) == "error: unknown config key 'n_layers' (--n_layers=2); did you mean 'n_layer'?"
+
+
+def test_cuda_requested_without_cuda(data_dir, run_here):
+    if torch.cuda.is_available():
+        pytest.skip('this machine has CUDA')
+    assert "device='cuda' but CUDA is not available" in error_of(run_here, 'train.py', f'--data_dir={data_dir}',
+                                                                 '--device=cuda')
+
+
+def test_bad_config_file(tmp_path, data_dir, run_here):
+    f = tmp_path / 'bad.py'
+    f.write_text("n_layer = 2\nn_heads = 4\n")
+    line = error_of(run_here, 'train.py', str(f), f'--data_dir={data_dir}')
+    assert "unknown config key 'n_heads'" in line and str(f) in line and "did you mean 'n_head'?" in line
+    f.write_text("n_layer = 2\nbatch_size = = 3\n")
+    assert f'{f}, line 2: SyntaxError' in error_of(run_here, 'train.py', str(f))
+    f.write_text("import os\n_w = int(os.environ['NOPE_NOT_SET'])\n")
+    assert f'{f}, line 2: KeyError' in error_of(run_here, 'train.py', str(f))
+
+
+def test_total_batch_size_per_number_of_ranks(data_dir, run_here, monkeypatch):
+    """The 1B config's 2M-token batch divides among 8 GPUs, not among 3: the error says so before any work."""
+    monkeypatch.setenv('WORLD_SIZE', '3')
+    assert 'total_batch_size=2097152 is not a multiple of batch_size * block_size * world_size = 8 * 2048 * 3' in \
+        error_of(run_here, 'train.py', os.path.join(REPO, 'config/train_fineweb_edu_1b.py'), f'--data_dir={data_dir}')
+
+
+@pytest.mark.parametrize('arg, message', [
+    ('--learning_rate=1e999', 'learning_rate=inf must be a finite number >= 0'),
+    ('--router_lr=1e999', 'router_lr=inf must be a finite number >= 0'),
+    ('--learning_rate=0', 'learning_rate=0.0 must be > 0'),
+    ('--beta1=1.0', 'beta1=1.0 must be in [0, 1)'),
+    ('--beta2=-0.5', 'beta2=-0.5 must be in [0, 1)'),
+    ('--block_size=0', 'block_size=0 must be >= 1'),
+    ('--seed=-1', 'seed=-1 must be >= 0'),
+    ('--mlp_hidden=0', 'invalid model config: mlp_hidden=0 must be >= 1'),
+    ('--n_kv_head=0', 'invalid model config: n_kv_head=0 must be >= 1'),
+    ('--out_dir=', 'out_dir is empty: name a directory (--out_dir=DIR)'),
+])
+def test_nonsense_numbers_are_refused_before_any_work(arg, message, data_dir, tmp_path, capsys):
+    with pytest.raises(UserError) as e:
+        train(data_dir, tmp_path / 'out', '--max_iters=2', arg)
+    assert str(e.value) == message and capsys.readouterr().out == '' and not (tmp_path / 'out').exists()
+
+
+def test_resume_without_checkpoint(data_dir, tmp_path, run_here):
+    assert "no checkpoint to resume from (init_from='resume') at" in error_of(
+        run_here, 'train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={tmp_path}', '--init_from=resume')
+
+
+def test_a_mistyped_run_directory_is_not_created(short_run, data_dir, tmp_path):
+    typo = str(tmp_path / 'runn')
+    with pytest.raises(UserError, match="no checkpoint to resume from"):
+        train(data_dir, typo, '--init_from=resume')
+    shutil.copytree(short_run, tmp_path / 'run')
+    with pytest.raises(UserError) as e:
+        run_script('analyze.py', typo)
+    assert str(e.value) == (f"{typo} is not a run (no ckpt.pt or log.jsonl there); did you mean {tmp_path}/run? "
+                            "name the out_dirs of train.py runs")
+    assert not os.path.exists(typo)
+
+
+# ----------------------------------------------------------- faults: the last good checkpoint and every log record kept
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, run_here, monkeypatch):
+    import model
+    forward, calls = model.GPT.forward, [0]
+
+    def nan_at_iter_8(self, *args, **kwargs):
+        logits, loss = forward(self, *args, **kwargs)
+        if self.training:
+            calls[0] += 1
+            if calls[0] == 8:
+                loss = loss * float('nan')
+        return logits, loss
+    monkeypatch.setattr(model.GPT, 'forward', nan_at_iter_8)
+    out = str(tmp_path)
+    line = error_of(run_here, 'train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=20',
+                    '--eval_interval=5')
+    assert 'loss is nan at iter 8: training stopped' in line and 'the last good checkpoint' in line
+    assert 'iter 5) is kept' in line and out in line
+    ck = ckpt_of(out)
+    assert ck['iter_num'] == 5
+    assert all(torch.isfinite(v).all() for v in ck['model'].values())
+    assert not glob.glob(os.path.join(out, '*.tmp'))
+
+
+def test_a_failed_resume_leaves_the_checkpoint_and_the_log_as_they_were(run_copy, data_dir, monkeypatch):
+    # records past the checkpoint (iter 4), as a run with always_save_checkpoint=False leaves them
+    with open(os.path.join(run_copy, 'log.jsonl'), 'a') as f:
+        for it in (5, 6):
+            f.write(json.dumps({'iter': it, 'loss': 3.0}) + '\n')
+    before = files(run_copy)
+    forward, steps = model.GPT.forward, []
+
+    def nan_from_the_second_step(self, *args, **kwargs):  # iter 5 is logged, iter 6 fails
+        logits, loss = forward(self, *args, **kwargs)
+        if self.training:
+            steps.append(1)
+        return logits, loss * float('nan') if len(steps) >= 2 else loss
+    with monkeypatch.context() as m:
+        m.setattr(model.GPT, 'forward', nan_from_the_second_step)
+        with pytest.raises(UserError, match='loss is nan at iter 6: training stopped'):
+            train(data_dir, run_copy, '--init_from=resume', '--max_iters=8', '--eval_interval=2')
+    assert files(run_copy) == before
+    # a resumed run that saves a checkpoint replaces the records past the one it started from with its own
+    assert train(data_dir, run_copy, '--init_from=resume', '--max_iters=6', '--eval_interval=2') == 0
+    assert log_iters(run_copy) == [0, 1, 2, 3, 4, 5, 6]
+    assert files(run_copy)['log.jsonl'].startswith(before['log.jsonl'].split(b'{"iter": 5')[0])
+
+
+def test_a_save_that_fails_keeps_the_previous_checkpoint_and_log(run_copy, data_dir, monkeypatch):
+    before = files(run_copy)
+
+    def full_disk(obj, f, *args, **kwargs):
+        f.write(b'half a checkpoint')
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(torch, 'save', full_disk)
+    with pytest.raises(UserError) as e:
+        train(data_dir, run_copy, '--init_from=resume', '--max_iters=6', '--eval_interval=2')
+    assert str(e.value) == (f"training stopped at iter 6: cannot write {run_copy}/ckpt.pt: no space left on device; "
+                            "the file there, if any, is unchanged: free some space (or fix the permissions), then "
+                            "continue with --init_from=resume")
+    assert files(run_copy) == before and sorted(os.listdir(run_copy)) == ['.lock', 'ckpt.pt', 'log.jsonl']
+
+
+# the log's write after the second checkpoint's: the process dies as by `kill -9` before it
+KILL_BEFORE_SECOND_LOG = """
+import os, signal, checkpoint
+_write, _logs = checkpoint.atomic_write, [0]
+def atomic_write(path, *args):
+    if path.endswith('log.jsonl'):
+        _logs[0] += 1
+        if _logs[0] == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return _write(path, *args)
+checkpoint.atomic_write = atomic_write
+"""
+
+
+def test_kill_between_checkpoint_and_log_loses_no_record(data_dir, tmp_path, run_here, capsys):
+    """The checkpoint (iter 10) is replaced, the log (iter 5) is not: the resumed run writes the records between."""
+    out = str(tmp_path)
+    args = [*TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=10', '--eval_interval=5']
+    p = run(patched(KILL_BEFORE_SECOND_LOG), *args)
+    assert p.returncode == -signal.SIGKILL and ckpt_of(out)['iter_num'] == 10
+    assert [r['iter'] for r in checkpoint.read_log(out)] == list(range(6))
+    assert run_here('train.py', *args, '--init_from=resume') == 0
+    assert 'nothing to do' in capsys.readouterr().out
+    log = checkpoint.read_log(out)
+    assert [r['iter'] for r in log] == list(range(11)) and 'val_loss' in log[-1] and 'val_loss' in log[5]
+
+
+def test_a_log_that_fell_behind_its_checkpoint_is_completed_on_resume(run_copy, data_dir, monkeypatch):
+    """The log's write fails after the checkpoint's (a read-only disk; a kill there:
+    test_kill_between_checkpoint_and_log_loses_no_record): the checkpoint holds its log, and the run that resumes
+    it writes the records the file lacks."""
+    complete = files(run_copy)['log.jsonl']
+    write = checkpoint.atomic_write
+
+    def log_fails(path, *args):
+        if path.endswith('log.jsonl'):
+            raise UserError('read-only file system')
+        return write(path, *args)
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint, 'atomic_write', log_fails)
+        with pytest.raises(UserError, match='training stopped at iter 6: read-only file system'):
+            train(data_dir, run_copy, '--init_from=resume', '--max_iters=6', '--eval_interval=2')
+    assert files(run_copy)['log.jsonl'] == complete and torch.load(f'{run_copy}/ckpt.pt')['iter_num'] == 6
+    assert train(data_dir, run_copy, '--init_from=resume', '--max_iters=6', '--eval_interval=2') == 0  # no work
+    assert log_iters(run_copy) == [0, 1, 2, 3, 4, 5, 6] and 'val_loss' in checkpoint.read_log(run_copy)[-1]
+    assert files(run_copy)['log.jsonl'].startswith(complete)
+
+
+def test_sigint_saves_a_checkpoint_and_exits(data_dir, tmp_path, run_here, capsys):
+    out = str(tmp_path)
+    proc = subprocess.Popen([sys.executable, 'train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}',
+                             '--max_iters=100000', '--lr_decay_iters=100000', '--eval_interval=100000'],
+                            cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        deadline = time.time() + 120
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith('iter 3:') or time.time() > deadline:
+                break
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stdout = ''.join(seen) + stdout
+    assert proc.returncode == 130, stdout + stderr
+    assert 'Traceback' not in stderr and 'SIGINT received' in stderr
+    n = ckpt_of(out)['iter_num']
+    assert n >= 3 and f'interrupted at iter {n}: checkpoint saved to' in stdout
+    assert run_here('train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}', f'--max_iters={n + 2}',
+                    '--lr_decay_iters=100000', '--eval_interval=100000', '--init_from=resume') == 0
+    assert f'at iter {n + 1}' in capsys.readouterr().out and ckpt_of(out)['iter_num'] == n + 2
+
+
+# --------------------------------------------------------------------------- DDP: every rank stops, with the same error
+# on rank 1 only, the 4th optimizer step leaves a weight infinite (after that iteration's loss was computed)
+INF_WEIGHT_ON_RANK_1 = """
+import os, torch
+_step, _calls = torch.optim.AdamW.step, [0]
+def step(self, *args, **kwargs):
+    out = _step(self, *args, **kwargs)
+    _calls[0] += 1
+    if os.environ['RANK'] == '1' and _calls[0] == 4:
+        with torch.no_grad():
+            self.param_groups[0]['params'][0].view(-1)[0] = float('inf')
+    return out
+torch.optim.AdamW.step = step
+"""
+
+
+def test_non_finite_weights_on_one_rank_stop_every_rank(data_dir, tmp_path):
+    """Two DDP ranks (gloo), as torchrun starts them; one rank's weights go non-finite before a checkpoint:
+    every rank reaches the same verdict and exits with the same error, none waits in a collective."""
+    args = [*TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={tmp_path}', '--max_iters=8', '--eval_interval=4',
+            '--total_batch_size=256']  # 4 x 32 tokens x 2 ranks
+    rank0, rank1 = launch_ranks(patched(INF_WEIGHT_ON_RANK_1), *args, timeout=240)
+    want = 'the weights are not finite at iter 4: training stopped; no checkpoint was written by this run'
+    line0, line1 = fails(rank0, want), fails(rank1, want)
+    assert line1 == line0.replace('error: ', 'error: [rank 1] ')
+    assert not os.path.exists(os.path.join(tmp_path, 'ckpt.pt'))
+
+
+FULL_DISK = """
+import torch
+_save = torch.save
+def save(obj, f, *args, **kwargs):  # a checkpoint's bytes go to /dev/full: torch raises its own RuntimeError
+    if not str(getattr(f, 'name', '')).endswith('.tmp'):  # not a checkpoint: torch.distributed's objects
+        return _save(obj, f, *args, **kwargs)
+    f.write(b'the start of a checkpoint')
+    dev = open('/dev/full', 'wb')
+    try:
+        _save(obj, dev, *args, **kwargs)
+    finally:
+        try:
+            dev.close()
+        except OSError:
+            pass
+torch.save = save
+"""
+
+
+@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
+def test_a_full_disk_under_ddp_is_rank_0s_error_on_every_rank(data_dir, tmp_path):
+    args = [*TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={tmp_path}', '--max_iters=4', '--eval_interval=4',
+            '--total_batch_size=256']  # 4 x 32 tokens x 2 ranks
+    rank0, rank1 = launch_ranks(patched(FULL_DISK), *args, timeout=240)
+    want = (f"error: training stopped at iter 4: cannot write {tmp_path}/ckpt.pt: no space left on device; the file "
+            "there, if any, is unchanged: free some space (or fix the permissions), then run again")
+    assert fails(rank0) == want and fails(rank1) == want.replace('error: ', 'error: [rank 1] ')
+    assert os.listdir(tmp_path) == ['.lock']
+
+
+def test_every_ddp_rank_stops_when_the_out_dir_is_busy(run_copy, data_dir, held):
+    """Only rank 0 takes the lock; its verdict reaches rank 1, which would otherwise go on alone and wait for rank 0
+    in its first collective (or fail there with gloo's own error)."""
+    held(run_copy, 'out_dir')
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS='1', WORLD_SIZE='2', LOCAL_WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
+               MASTER_PORT=str(port))
+    env.pop('NANOLIME_DEBUG', None)
+    args = [sys.executable, 'train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={run_copy}',
+            '--init_from=resume', '--max_iters=8', '--total_batch_size=256']
+    procs = [subprocess.Popen(args, cwd=REPO, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
+    try:
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    want = f"error: out_dir {run_copy} is in use by another process (pid {os.getpid()})"
+    assert [p.returncode for p in procs] == [1, 1]
+    assert errs[0].splitlines()[0].startswith(want), errs
+    assert errs[1].splitlines()[0].startswith(want.replace('error: ', 'error: [rank 1] ')), errs
