@@ -59,22 +59,53 @@ class GPTConfig(relatives.RelativesConfig):  # the cross-layer relatives' option
         relatives.check(self)  # the relatives' options, and which combine
 
 
+class RMSNorm(nn.Module):
+    """nn.RMSNorm's function and weight, x / sqrt(mean(x^2) + eps) * weight, in float32 at least, its backward
+    written out: an eager CPU step at small widths is bound by its number of ops, and autograd through
+    nn.RMSNorm's pieces takes twice as many."""
+
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return RMSNormGrad.apply(x, self.weight, self.eps)
+
+
+class RMSNormGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        dtype, x = x.dtype, x.to(torch.promote_types(x.dtype, torch.float32))  # bf16, fp16 -> float32
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
+        x_hat = x * rstd
+        ctx.save_for_backward(x_hat, rstd, weight)
+        return (x_hat * weight).to(dtype)
+
+    @staticmethod
+    def backward(ctx, grad):  # y = x_hat w, x_hat = x rstd: dx = rstd (g - x_hat mean(g x_hat)), g = grad w
+        x_hat, rstd, weight = ctx.saved_tensors
+        grad = grad.to(x_hat.dtype)
+        g = grad * weight
+        grad_x = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
+        return grad_x, (grad * x_hat).flatten(0, -2).sum(0).to(weight.dtype), None
+
+
 class RoPE(nn.Module):
-    """Rotary position embedding (theta 10000), half-split convention."""
+    """Rotary position embedding, half-split: RoPE(x) = x cos + [-x2, x1] sin for x = [x1, x2] (a head's halves),
+    with [-x2, x1] sin written x.roll(d/2) [-sin, sin]: the same products in fewer ops (eager CPU is op-bound)."""
 
     def __init__(self, config):
         super().__init__()
         head_dim = config.n_embd // config.n_head
         inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
         angles = torch.outer(torch.arange(config.block_size).float(), inv_freq)
-        self.register_buffer("cos", angles.cos().repeat(1, 2), persistent=False)
-        self.register_buffer("sin", angles.sin().repeat(1, 2), persistent=False)
+        self.register_buffer("cos", angles.cos().repeat(1, 2), persistent=False)  # (block_size, head_dim)
+        self.register_buffer("sin", torch.cat((-angles.sin(), angles.sin()), dim=1), persistent=False)
 
     def forward(self, x, pos):  # x: (B, heads, T, head_dim), tokens at positions pos..pos+T-1
         T = x.size(2)
         cos, sin = self.cos[pos:pos + T].to(x.dtype), self.sin[pos:pos + T].to(x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+        return torch.addcmul(x * cos, x.roll(x.size(-1) // 2, dims=-1), sin)
 
 
 # ----------------------------------------------------------------------------- LIMe
@@ -227,11 +258,8 @@ def route(weight, sources, out=None):
 
 
 class KVCache:
-    """Per-layer keys and values as attention uses them, for incremental decoding.
-
-    For LIMe these are the routed, RoPE'd k~, v~: they depend only on their own
-    position, so caching them is exact, at the same size as the baseline's cache.
-    """
+    """Per-layer keys and values as attention uses them, for incremental decoding. For LIMe these are the routed,
+    RoPE'd k~, v~: they depend only on their own position, so caching them is exact, at the baseline's size."""
 
     def __init__(self, config):
         self.block_size, self.pos = config.block_size, 0
@@ -275,13 +303,12 @@ class Attention(nn.Module):
         over every cached key too. Returns (B, T, H * d_h) for o_proj."""
         B, _, T, _ = q.shape
         pos = cache.pos if cache is not None else 0
-        q, k = rope(q, pos), rope(k, pos)
+        q, k = rope(torch.cat((q, k), dim=1), pos).split((self.n_head, self.n_kv_head), dim=1)  # one RoPE for both
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
-        mask = None
-        if pos > 0 and T > 1:  # queries at pos..pos+T-1 see every cached key up to their own position
-            mask = torch.ones(T, pos + T, dtype=torch.bool, device=q.device).tril(pos)
-        # one new token sees the whole cache: no mask, which keeps the flash kernels available
+        # queries at pos..pos+T-1 see every cached key up to their own position; one new token sees the whole
+        # cache: no mask, which keeps the flash kernels available
+        mask = torch.ones(T, pos + T, dtype=torch.bool, device=q.device).tril(pos) if pos > 0 and T > 1 else None
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=pos == 0,
                                            dropout_p=self.dropout if self.training else 0.0,
                                            enable_gqa=self.n_kv_head != self.n_head)
@@ -315,9 +342,9 @@ class Block(nn.Module):
 
     def __init__(self, config, layer):
         super().__init__()
-        self.ln_1 = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+        self.ln_1 = RMSNorm(config.n_embd, config.norm_eps)
         self.attn = Attention(config, layer)
-        self.ln_2 = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+        self.ln_2 = RMSNorm(config.n_embd, config.norm_eps)
         self.mlp = MLP(config)
 
     def forward(self, x, rope, kv_stack=None, cache=None):
@@ -334,7 +361,7 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, layer) for layer in range(config.n_layer)]),
-            ln_f=nn.RMSNorm(config.n_embd, eps=config.norm_eps),
+            ln_f=RMSNorm(config.n_embd, config.norm_eps),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -354,7 +381,7 @@ class GPT(nn.Module):
         # LIMe's routers, then the relatives' random weights, draw last: one seed, the baseline's weights for all
         for router in (m for m in self.modules() if isinstance(m, Router)):
             router.reset_parameters()
-        relatives.reset_parameters(self)  # a relative's random weights (MUDDFormer's W1, MoDA's) draw after them
+        relatives.reset_parameters(self)  # a relative's random weights draw after them
 
     def get_num_params(self):
         return sum(p.numel() for p in self.parameters())  # a tied weight is counted once
@@ -386,14 +413,10 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, stop_token=None, top_p=1.0):
         """Sample max_new_tokens tokens after idx (B, T); top_k=1 is greedy. top_p < 1: nucleus sampling, among
-        the fewest most likely tokens (of the top_k) whose probabilities sum to at least top_p.
-
-        With the cache, the prompt is prefilled once and each step feeds one token. Once
-        the sequence is longer than block_size the window slides, as in nanoGPT: the last
-        block_size tokens are recomputed each step, so use_cache never changes the result.
-        stop_token: stop early once every row has sampled it (the rows are as long as they
-        would be at that step without it).
-        """
+        the fewest most likely tokens (of the top_k) whose probabilities sum to at least top_p. With the cache,
+        the prompt is prefilled once and each step feeds one token. Past block_size the window slides, as in
+        nanoGPT (the last block_size tokens recomputed each step), so use_cache never changes the result.
+        stop_token: stop once every row has sampled it (the rows as long as they would be at that step)."""
         cache, prompt_len = None, idx.size(1)
         for _ in range(max_new_tokens):
             if use_cache and idx.size(1) <= self.config.block_size:
@@ -422,9 +445,8 @@ class GPT(nn.Module):
         return idx
 
     def flops_per_token(self, seq_len=None):
-        """Forward matmul FLOPs per token (multiply-add = 2), attention over the full T x T matrix,
-        LM head and router included; training costs 3x this. Reproduces paper Table 8's ratios.
-        Elementwise work (norms, softmaxes, sigmoids, mHC's Sinkhorn steps) is not counted."""
+        """Forward matmul FLOPs per token (multiply-add = 2), attention over the full T x T matrix, LM head and
+        router included; training costs 3x this. Reproduces paper Table 8's ratios. Elementwise work not counted."""
         c = self.config
         T, d, hd, L = seq_len or c.block_size, c.n_embd, c.n_embd // c.n_head, c.n_layer
         per_layer = (2 * d * c.n_head * hd * 2           # q and o projections
@@ -447,12 +469,11 @@ class GPT(nn.Module):
 
     def configure_optimizers(self, weight_decay, learning_rate, router_lr, betas, device_type, eps=1e-8,
                              optimizer="adamw", muon_lr=0.02, muon_momentum=0.95):
-        """AdamW, three groups (paper App. A): every parameter of a LIMe Router at router_lr without
-        decay; the other nn.Linear weights decayed; the rest (the embedding, norms, and the mixing
-        weights of the relatives, relatives.py) without decay. Each group keeps its 'peak_lr'.
-        optimizer='muon': [Muon, AdamW], torch.optim.Muon on the attention and MLP projection matrices
-        (at muon_lr, decayed; lr scaled by sqrt(max(1, rows/cols)), Keller Jordan's original rule), AdamW
-        on everything else as above: embedding, norms, routers and every cross-layer mixing weight."""
+        """AdamW, three groups (paper App. A): every LIMe Router parameter at router_lr without decay; the other
+        nn.Linear weights decayed; the rest (embedding, norms, the relatives' mixing weights) without decay. Each
+        group keeps its 'peak_lr'. optimizer='muon': [Muon, AdamW], torch.optim.Muon on the attention and MLP
+        matrices (at muon_lr, decayed; lr scaled by sqrt(max(1, rows/cols)), Keller Jordan's original rule), AdamW
+        on everything else as above."""
         routers = {id(p) for m in self.modules() if isinstance(m, Router) for p in m.parameters()}
         linears = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)}
         linears -= routers | {id(self.transformer.wte.weight)}  # the tied LM head is the embedding

@@ -36,6 +36,41 @@ def test_fast_path_matches_the_plain_reference(router, n_kv_head, monkeypatch):
                                        msg=f"{name} (L={n_layer}, group={group})")
 
 
+def test_rmsnorm_and_its_written_out_backward_are_torchs():
+    """model.RMSNorm (its backward written by hand) against nn.RMSNorm: outputs and gradients, float32 and a bf16
+    input (computed in float32, returned in bf16); and torch's numerical gradient check in float64."""
+    ours, theirs = M.RMSNorm(32, 1e-6), torch.nn.RMSNorm(32, eps=1e-6)
+    with torch.no_grad():
+        ours.weight.normal_()
+        theirs.weight.copy_(ours.weight)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(3, 5, 32).to(dtype).requires_grad_()
+        grad = torch.randn(3, 5, 32).to(dtype)
+        results = []
+        for norm in (ours, theirs):
+            x.grad = norm.weight.grad = None
+            y = norm(x)
+            y.backward(grad)
+            results.append((y, x.grad, norm.weight.grad))
+        assert results[0][0].dtype == dtype
+        for a, b in zip(*results):
+            torch.testing.assert_close(a, b, atol=1e-5 if dtype == torch.float32 else 1e-2, rtol=1e-5)
+    x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: M.RMSNormGrad.apply(x, w, 1e-6), (x, w))
+
+
+def test_rope_is_the_half_split_rotation():
+    """RoPE(x) = x cos + [-x2, x1] sin (x1, x2 the halves of a head), at positions pos..pos+T-1."""
+    config = GPTConfig(n_embd=32, n_head=2, block_size=16)
+    rope, x = M.RoPE(config), torch.randn(2, 3, 5, 16)
+    for pos in (0, 4):
+        angles = torch.arange(pos, pos + 5).float()[:, None] * 10000.0 ** (-torch.arange(0, 16, 2).float() / 16)
+        cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
+        x1, x2 = x.chunk(2, dim=-1)
+        torch.testing.assert_close(rope(x, pos), x * cos + torch.cat((-x2, x1), dim=-1) * sin)
+
+
 def test_two_phase_groups_default_to_about_sqrt_depth():
     assert [M.route_group_size(L) for L in (1, 4, 16, 32, 64, 128)] == [1, 2, 4, 6, 8, 11]
     assert build(lime=True, n_layer=16).route_group_size == 4
@@ -344,41 +379,6 @@ def test_config_validation(bad, match):
         tiny(**bad)
 
 
-# ----------------------------------------------------------------------------- Hyper-Connections
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_hc_at_init_computes_the_baseline(dynamic):
-    base = build(n_kv_head=2)
-    hc = build(seed=5, n_kv_head=2, hc=4, hc_dynamic=dynamic)
-    result = hc.load_state_dict(base.state_dict(), strict=False)
-    assert not result.unexpected_keys and all(".hc_" in k for k in result.missing_keys)
-    x = torch.randint(0, V, (2, 16))
-    # The final norm sees the sum of 4 equal streams, RMSNorm(4x) with eps = RMSNorm(x) with eps/16:
-    # identical up to RMSNorm's eps, which the baseline's final norm can absorb exactly.
-    assert (hc(x, x)[0] - base(x, x)[0]).abs().max() > 1e-4  # eps matters at this scale
-    base.transformer.ln_f.eps = base.config.norm_eps / 4 ** 2
-    torch.testing.assert_close(hc(x, x)[0], base(x, x)[0], atol=1e-5, rtol=1e-5)
-    with torch.no_grad():
-        hc.transformer.h[1].hc_attn.static_beta[1] = 0.0  # stream 1 skips this attention output
-    assert (hc(x, x)[0] - base(x, x)[0]).abs().max() > 1e-3
-
-
-def test_hc_gradients_reach_alpha_beta_and_dynamic_weights():
-    model = build(hc=4, hc_dynamic=True)
-    x = torch.randint(0, V, (2, 16))
-    _, grads = loss_and_grads(model, x, x)
-    for l in range(4):
-        for part in ("hc_attn", "hc_mlp"):
-            for p in ("static_alpha", "static_beta", "dynamic_alpha.weight", "dynamic_beta.weight"):
-                assert grads[f"transformer.h.{l}.{part}.{p}"].abs().sum() > 0, (l, part, p)
-
-
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_hc_parameter_count_formula(dynamic):
-    n, d, L = 4, 32, 4
-    extra_per_sublayer = n * (n + 1) + n + ((d + d * (n + 1) + d + 2) if dynamic else 0)
-    assert build(hc=n, hc_dynamic=dynamic).get_num_params() - build().get_num_params() == 2 * L * extra_per_sublayer
-
-
 @pytest.mark.parametrize("router", ["full", "dynamic"])
 def test_no_kv_source_outlives_its_step(router):
     """The memory of every layer's [k; v] (the stacked KV) and routed output is freed by
@@ -420,48 +420,6 @@ def test_decoding_one_token_passes_no_mask(monkeypatch):
     assert masks[:L] == [(5, 5, True, True)] * L               # prefill: causal
     assert masks[L:2 * L] == [(1, 6, True, False)] * L         # one token: no mask at all
     assert masks[2 * L:] == [(2, 8, False, False)] * L         # several tokens after a cache: a mask
-
-
-# ----------------------------------------------------------------------------- DenseFormer
-def test_denseformer_at_init_is_the_baseline():
-    base = build(n_kv_head=2)
-    dense = build(seed=3, n_kv_head=2, denseformer=True)
-    result = dense.load_state_dict(base.state_dict(), strict=False)
-    assert not result.unexpected_keys and result.missing_keys == [f"dwa.{i}.weight" for i in range(4)]
-    x = torch.randint(0, V, (2, 16))
-    assert torch.equal(dense(x, x)[0], base(x, x)[0])  # one-hot weights: exactly the baseline
-    with torch.no_grad():
-        dense.dwa[1].weight[0] = 0.5  # block 2 also sees the embedding
-    assert (dense(x, x)[0] - base(x, x)[0]).abs().max() > 1e-4
-
-
-def test_denseformer_weights_learn():
-    for kw, names in [(dict(denseformer=True, lime=True), ["dwa.0.weight", "dwa.3.weight"])]:
-        model = build(**kw)
-        x = torch.randint(0, V, (2, 16))
-        _, grads = loss_and_grads(model, x, x)
-        for name in names:
-            assert grads[name].abs().sum() > 0, name
-        opt = model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu")
-        params = dict(model.named_parameters())
-        no_decay = next(g for g in opt.param_groups if g["name"] == "no_decay")
-        assert all(any(p is params[n] for p in no_decay["params"]) for n in names)
-
-
-def test_denseformer_counts():
-    L, d, n_kv = 4, 32, 2
-    base = build(n_kv_head=n_kv)
-    dense = build(n_kv_head=n_kv, denseformer=True)
-    assert dense.get_num_params() - base.get_num_params() == sum(i + 2 for i in range(L))
-    assert dense.flops_per_token(16) - base.flops_per_token(16) == sum(2 * (i + 2) * d for i in range(L))
-
-
-@pytest.mark.parametrize("bad, match", [
-    (dict(denseformer=True, hc=4), "use one of them"),
-])
-def test_cross_layer_variants_that_do_not_compose_are_refused(bad, match):
-    with pytest.raises(ValueError, match=match):
-        tiny(**bad)
 
 
 def test_greedy_decoding_is_deterministic_on_ties():

@@ -207,7 +207,7 @@ def test_mhc_at_init_computes_the_baseline():
     assert (mhc(x, x)[0] - base(x, x)[0]).abs().max() > 1e-4  # eps matters at this scale
     pre = torch.tensor(1.0).sigmoid().item() + 1.5
     for module in base.modules():
-        if isinstance(module, torch.nn.RMSNorm):
+        if isinstance(module, (torch.nn.RMSNorm, M.RMSNorm)):
             module.eps = base.config.norm_eps / (16 if module is base.transformer.ln_f else pre ** 2)
     torch.testing.assert_close(mhc(x, x)[0], base(x, x)[0], atol=1e-5, rtol=1e-5)
     with torch.no_grad():
@@ -349,7 +349,7 @@ def test_dynamic_mhc_init():
     x = torch.randint(0, V, (2, 16))
     assert (model(x, x)[0] - base(x, x)[0]).abs().max() > 1e-4  # eps matters at this scale
     for module in base.modules():
-        if isinstance(module, torch.nn.RMSNorm):
+        if isinstance(module, (torch.nn.RMSNorm, M.RMSNorm)):
             module.eps = base.config.norm_eps / (16 if module is base.transformer.ln_f else 1.2 ** 2)
     torch.testing.assert_close(model(x, x)[0], base(x, x)[0], atol=1e-5, rtol=1e-5)
 
@@ -624,3 +624,80 @@ def test_moda_projections_are_mlp_matrices(optimizer):
                  if g["name"] == ("decay" if optimizer == "adamw" else "muon"))
     kv = [b.mlp.moda_kv.weight for b in model.transformer.h[:-1]]
     assert all(any(p is w for p in group["params"]) for w in kv)
+
+
+# ----------------------------------------------------------------------------- Hyper-Connections
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_hc_at_init_computes_the_baseline(dynamic):
+    base = build(n_kv_head=2)
+    hc = build(seed=5, n_kv_head=2, hc=4, hc_dynamic=dynamic)
+    result = hc.load_state_dict(base.state_dict(), strict=False)
+    assert not result.unexpected_keys and all(".hc_" in k for k in result.missing_keys)
+    x = torch.randint(0, V, (2, 16))
+    # The final norm sees the sum of 4 equal streams, RMSNorm(4x) with eps = RMSNorm(x) with eps/16:
+    # identical up to RMSNorm's eps, which the baseline's final norm can absorb exactly.
+    assert (hc(x, x)[0] - base(x, x)[0]).abs().max() > 1e-4  # eps matters at this scale
+    base.transformer.ln_f.eps = base.config.norm_eps / 4 ** 2
+    torch.testing.assert_close(hc(x, x)[0], base(x, x)[0], atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        hc.transformer.h[1].hc_attn.static_beta[1] = 0.0  # stream 1 skips this attention output
+    assert (hc(x, x)[0] - base(x, x)[0]).abs().max() > 1e-3
+
+
+def test_hc_gradients_reach_alpha_beta_and_dynamic_weights():
+    model = build(hc=4, hc_dynamic=True)
+    x = torch.randint(0, V, (2, 16))
+    _, grads = loss_and_grads(model, x, x)
+    for l in range(4):
+        for part in ("hc_attn", "hc_mlp"):
+            for p in ("static_alpha", "static_beta", "dynamic_alpha.weight", "dynamic_beta.weight"):
+                assert grads[f"transformer.h.{l}.{part}.{p}"].abs().sum() > 0, (l, part, p)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_hc_parameter_count_formula(dynamic):
+    n, d, L = 4, 32, 4
+    extra_per_sublayer = n * (n + 1) + n + ((d + d * (n + 1) + d + 2) if dynamic else 0)
+    assert build(hc=n, hc_dynamic=dynamic).get_num_params() - build().get_num_params() == 2 * L * extra_per_sublayer
+
+
+# ----------------------------------------------------------------------------- DenseFormer
+def test_denseformer_at_init_is_the_baseline():
+    base = build(n_kv_head=2)
+    dense = build(seed=3, n_kv_head=2, denseformer=True)
+    result = dense.load_state_dict(base.state_dict(), strict=False)
+    assert not result.unexpected_keys and result.missing_keys == [f"dwa.{i}.weight" for i in range(4)]
+    x = torch.randint(0, V, (2, 16))
+    assert torch.equal(dense(x, x)[0], base(x, x)[0])  # one-hot weights: exactly the baseline
+    with torch.no_grad():
+        dense.dwa[1].weight[0] = 0.5  # block 2 also sees the embedding
+    assert (dense(x, x)[0] - base(x, x)[0]).abs().max() > 1e-4
+
+
+def test_denseformer_weights_learn():
+    for kw, names in [(dict(denseformer=True, lime=True), ["dwa.0.weight", "dwa.3.weight"])]:
+        model = build(**kw)
+        x = torch.randint(0, V, (2, 16))
+        _, grads = loss_and_grads(model, x, x)
+        for name in names:
+            assert grads[name].abs().sum() > 0, name
+        opt = model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu")
+        params = dict(model.named_parameters())
+        no_decay = next(g for g in opt.param_groups if g["name"] == "no_decay")
+        assert all(any(p is params[n] for p in no_decay["params"]) for n in names)
+
+
+def test_denseformer_counts():
+    L, d, n_kv = 4, 32, 2
+    base = build(n_kv_head=n_kv)
+    dense = build(n_kv_head=n_kv, denseformer=True)
+    assert dense.get_num_params() - base.get_num_params() == sum(i + 2 for i in range(L))
+    assert dense.flops_per_token(16) - base.flops_per_token(16) == sum(2 * (i + 2) * d for i in range(L))
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(denseformer=True, hc=4), "use one of them"),
+])
+def test_cross_layer_variants_that_do_not_compose_are_refused(bad, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(**bad)
