@@ -99,11 +99,11 @@ class RoPE(nn.Module):
         head_dim = config.n_embd // config.n_head
         inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
         angles = torch.outer(torch.arange(config.block_size).float(), inv_freq)
-        self.register_buffer("cos", angles.cos().repeat(1, 2), persistent=False)  # (block_size, head_dim)
-        self.register_buffer("sin", torch.cat((-angles.sin(), angles.sin()), dim=1), persistent=False)
+        self.register_buffer("cos", angles.cos().repeat(1, 2)[:, None], persistent=False)  # (block_size, 1, head_dim)
+        self.register_buffer("sin", torch.cat((-angles.sin(), angles.sin()), dim=1)[:, None], persistent=False)
 
-    def forward(self, x, pos):  # x: (B, heads, T, head_dim), tokens at positions pos..pos+T-1
-        T = x.size(2)
+    def forward(self, x, pos):  # x: (B, T, heads, head_dim), tokens at positions pos..pos+T-1
+        T = x.size(1)
         cos, sin = self.cos[pos:pos + T].to(x.dtype), self.sin[pos:pos + T].to(x.dtype)
         return torch.addcmul(x * cos, x.roll(x.size(-1) // 2, dims=-1), sin)
 
@@ -290,21 +290,22 @@ class Attention(nn.Module):
 
     def forward(self, x, rope, kv_stack=None, cache=None):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, d_h)
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim)
         kv = self.kv_proj(x).view(B, T, 2, self.n_kv_head, self.head_dim)
         if kv_stack is None:
-            k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H_kv, T, d_h) each
+            k, v = kv.unbind(2)  # (B, T, H_kv, d_h) each
         else:  # LIMe: this layer's pre-RoPE k, v routed with every earlier layer's (eq. 2)
             k, v = self.lime(x, kv, kv_stack)
         return self.resid_dropout(self.o_proj(self.attend(q, k, v, rope, cache)))
 
     def attend(self, q, k, v, rope, cache=None):
-        """Causal attention of q (B, H, T, d_h) over k, v (B, H_kv, T, d_h), RoPE applied here; with a cache,
+        """Causal attention of q (B, T, H, d_h) over k, v (B, T, H_kv, d_h), RoPE applied here; with a cache,
         over every cached key too. Returns (B, T, H * d_h) for o_proj."""
-        B, _, T, _ = q.shape
+        B, T, _, _ = q.shape
         pos = cache.pos if cache is not None else 0
-        q, k = rope(torch.cat((q, k), dim=1), pos).split((self.n_head, self.n_kv_head), dim=1)  # one RoPE for both
-        if cache is not None:
+        q, k = rope(torch.cat((q, k), dim=2), pos).split((self.n_head, self.n_kv_head), dim=2)  # one RoPE for both
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, d_h): in memory still
+        if cache is not None:  # (B, T, heads, d_h), so that attention's output is and the reshape below copies nothing
             k, v = cache.update(self.layer, k, v)
         # queries at pos..pos+T-1 see every cached key up to their own position; one new token sees the whole
         # cache: no mask, which keeps the flash kernels available
@@ -321,7 +322,7 @@ class Attention(nn.Module):
         kv_stack.append(kv)
         if self.router is not None:
             kv = self.router(x, kv_stack)
-        return kv.transpose(0, 2).unbind(1)  # (B, H_kv, T, d_h) each
+        return kv.permute(2, 3, 0, 1, 4).unbind(3)  # (B, T, H_kv, d_h) each
 
 
 class MLP(nn.Module):

@@ -498,12 +498,12 @@ def mudd_attention(attn, x_q, x_k, x_v, rope, kv_stack, cache):
     """model.Attention with its own query, key and value inputs (B, T, d): keys and values through kv_proj's two
     halves. Returns the attention's output (B, T, d)."""
     B, T, _ = x_q.shape
-    q = attn.q_proj(x_q).view(B, T, attn.n_head, attn.head_dim).transpose(1, 2)  # (B, H, T, d_h)
+    q = attn.q_proj(x_q).view(B, T, attn.n_head, attn.head_dim)
     w_k, w_v = attn.kv_proj.weight.chunk(2)
     kv = torch.stack((F.linear(x_k, w_k), F.linear(x_v, w_v)), dim=2)  # (B, T, 2, H_kv * d_h)
     kv = kv.view(B, T, 2, attn.n_kv_head, attn.head_dim)
     if kv_stack is None:
-        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H_kv, T, d_h) each
+        k, v = kv.unbind(2)  # (B, T, H_kv, d_h) each
     else:  # LIMe routes these keys and values as the baseline's
         k, v = attn.lime(x_q, kv, kv_stack)
     return attn.resid_dropout(attn.o_proj(attn.attend(q, k, v, rope, cache)))
@@ -566,7 +566,8 @@ class DepthKV:
         depth_values = self.v[:]
         self.write(k, v)  # this layer's own, for the later layers
         pos = cache.pos if cache is not None else 0
-        qr, k = rope(q, pos).view(B, H_kv, G, T, d_h), rope(k, pos)
+        qr = rope(q.transpose(1, 2), pos).transpose(1, 2).view(B, H_kv, G, T, d_h)
+        k = rope(k.transpose(1, 2), pos).transpose(1, 2)
         if cache is not None:
             k, v = cache.update(attn.layer, k, v)
         logits = qr @ k.unsqueeze(2).transpose(-1, -2) * scale  # (B, H_kv, G, T, pos+T)

@@ -126,7 +126,8 @@ def test_rope_is_transformers_half_split():
     q, k = torch.randn(2, 2, 16, 16), torch.randn(2, 2, 16, 16)
     cos, sin = theirs(q, torch.arange(16)[None])
     q2, k2 = apply_rotary_pos_emb(q, k, cos, sin)
-    assert torch.allclose(ours(q, 0), q2, atol=1e-6) and torch.allclose(ours(k, 0), k2, atol=1e-6)
+    ours_q, ours_k = (ours(x.transpose(1, 2), 0).transpose(1, 2) for x in (q, k))  # ours takes (B, T, heads, d)
+    assert torch.allclose(ours_q, q2, atol=1e-6) and torch.allclose(ours_k, k2, atol=1e-6)
 
 
 def test_char_tokenizer_is_exact_on_shakespeare(runs, tmp_path, data_dir):

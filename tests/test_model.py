@@ -63,10 +63,10 @@ def test_rmsnorm_and_its_written_out_backward_are_torchs():
 def test_rope_is_the_half_split_rotation():
     """RoPE(x) = x cos + [-x2, x1] sin (x1, x2 the halves of a head), at positions pos..pos+T-1."""
     config = GPTConfig(n_embd=32, n_head=2, block_size=16)
-    rope, x = M.RoPE(config), torch.randn(2, 3, 5, 16)
+    rope, x = M.RoPE(config), torch.randn(2, 5, 3, 16)  # (B, T, heads, head_dim)
     for pos in (0, 4):
         angles = torch.arange(pos, pos + 5).float()[:, None] * 10000.0 ** (-torch.arange(0, 16, 2).float() / 16)
-        cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
+        cos, sin = angles.cos().repeat(1, 2)[:, None], angles.sin().repeat(1, 2)[:, None]  # (T, 1, head_dim)
         x1, x2 = x.chunk(2, dim=-1)
         torch.testing.assert_close(rope(x, pos), x * cos + torch.cat((-x2, x1), dim=-1) * sin)
 

@@ -436,7 +436,7 @@ def naive_mudd(model, idx, targets):
         q = (xq @ attn.q_proj.weight.T).view(B, T, H, hs).transpose(1, 2)
         k = (xk @ w_k.T).view(B, T, H_kv, hs).transpose(1, 2).repeat_interleave(H // H_kv, dim=1)
         v = (xv @ w_v.T).view(B, T, H_kv, hs).transpose(1, 2).repeat_interleave(H // H_kv, dim=1)
-        q, k = model.rope(q, 0), model.rope(k, 0)
+        q, k = (model.rope(x.transpose(1, 2), 0).transpose(1, 2) for x in (q, k))  # RoPE takes (B, T, H, hs)
         att = (q @ k.transpose(-1, -2) / math.sqrt(hs)).masked_fill(~causal, float("-inf")).softmax(-1)
         h = inputs[3] + (att @ v).transpose(1, 2).reshape(B, T, d) @ attn.o_proj.weight.T
         X.append(h + block.mlp(block.ln_2(h)))
