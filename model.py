@@ -84,10 +84,11 @@ class RMSNormGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # y = x_hat w, x_hat = x rstd: dx = rstd (g - x_hat mean(g x_hat)), g = grad w
         x_hat, rstd, weight = ctx.saved_tensors
-        grad = grad.to(x_hat.dtype)
-        g = grad * weight
-        grad_x = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
-        return grad_x, (grad * x_hat).flatten(0, -2).sum(0).to(weight.dtype), None
+        grad = grad.to(x_hat.dtype)  # in place below: a full-size temporary costs a CPU step more than its arithmetic
+        gx = grad * x_hat
+        grad_weight = gx.flatten(0, -2).sum(0).to(weight.dtype)
+        mean = gx.mul_(weight).mean(-1, keepdim=True)  # mean(g x_hat)
+        return (grad * weight).addcmul_(x_hat, mean, value=-1).mul_(rstd), grad_weight, None
 
 
 class RoPE(nn.Module):
@@ -105,7 +106,7 @@ class RoPE(nn.Module):
     def forward(self, x, pos):  # x: (B, T, heads, head_dim), tokens at positions pos..pos+T-1
         T = x.size(1)
         cos, sin = self.cos[pos:pos + T].to(x.dtype), self.sin[pos:pos + T].to(x.dtype)
-        return torch.addcmul(x * cos, x.roll(x.size(-1) // 2, dims=-1), sin)
+        return (x * cos).addcmul_(x.roll(x.size(-1) // 2, dims=-1), sin)
 
 
 # ----------------------------------------------------------------------------- LIMe
@@ -279,8 +280,7 @@ class Attention(nn.Module):
 
     def __init__(self, config, layer):
         super().__init__()
-        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
-        self.head_dim = config.n_embd // config.n_head
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.n_embd // config.n_head
         self.layer, self.dropout = layer, config.dropout
         self.q_proj = nn.Linear(config.n_embd, self.n_head * self.head_dim, bias=False)
         self.kv_proj = nn.Linear(config.n_embd, 2 * self.n_kv_head * self.head_dim, bias=False)
@@ -393,9 +393,8 @@ class GPT(nn.Module):
         if pos + T > self.config.block_size:
             raise ValueError(f"sequence of {pos + T} tokens exceeds block_size={self.config.block_size}")
         x = self.transformer.drop(self.transformer.wte(idx))
-        kv_stack = None
-        if self.config.lime:  # LIMe: the stacked KV, every layer's [k; v] (H_kv, 2, B, T, d_h), in layer order
-            kv_stack = KVStack([block.attn.router for block in self.transformer.h], self.route_group_size)
+        kv_stack = None if not self.config.lime else KVStack(  # LIMe: the stacked KV, every layer's [k; v] so far
+            [block.attn.router for block in self.transformer.h], self.route_group_size)
         stream = relatives.stream(self, x)  # the plug-in point: a relative's residual stream, or None
         if stream is None:  # the plain residual sum
             for block in self.transformer.h:
