@@ -182,7 +182,7 @@ def route_reference(router, sources):
     router: (H_kv, S), or per token (B, T, H_kv, S); sources: (S, 2, B, T, d_h), the stacked
     KV; returns (H_kv, 2, B, T, d_h). Readable, but every layer would keep its own copy of
     the stack for backward (O(L^2) memory); KVStack computes the same thing in O(L). Tests and
-    analyze.py use this."""
+    representations.py (for analyze.py) use this."""
     if router.dim() == 2:
         return torch.einsum("hs,scbtd->hcbtd", router, sources)
     return torch.einsum("bths,scbtd->hcbtd", router, sources)

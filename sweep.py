@@ -17,7 +17,6 @@ import os
 import re
 import sys
 import io
-import csv
 import json
 import shlex
 import signal
@@ -37,7 +36,8 @@ from tqdm import tqdm
 from common import VARIANT_PLAIN, UserError, configure, parse_variant
 from checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, read_log, writable_dir
 from data import arithmetic_tiers
-from sweep_report import add_compute_multipliers, fit_power_law, plot_sweep, print_fits, print_table
+from sweep_report import (add_compute_multipliers, add_tier_columns, csv_text, fit_power_law, plot_sweep, print_report,
+                          reference_ends)
 
 # -----------------------------------------------------------------------------
 # the sweep's config; every other key is a train.py option
@@ -121,8 +121,9 @@ gpu_list = int_list('gpus', gpus, 0) if gpus else []
 if gpu_list:  # one run per GPU at a time: as many jobs as GPUs
     import torch
     if not torch.cuda.is_available() or max(gpu_list) >= torch.cuda.device_count():
-        raise UserError(f"gpus={gpus}: this machine has {torch.cuda.device_count() if torch.cuda.is_available() else 0} "
-                        "CUDA GPUs; name GPUs it has (numbered from 0), or leave --gpus out")
+        n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        raise UserError(f"gpus={gpus}: this machine has {n_gpus} CUDA GPUs; name GPUs it has (numbered from 0), "
+                        "or leave --gpus out")
     if jobs not in (1, len(gpu_list)) or str(train_opts.get('device', 'cuda')).startswith('cuda:'):
         raise UserError(f"gpus={gpus} runs one run per GPU, each seeing only its own as cuda: leave --jobs and "
                         "--device=cuda:N out")
@@ -152,10 +153,11 @@ def iters_of(run):
     """The iterations a run trains for: its budget, or max_iters."""
     return run.get('budget') or max_iters
 
-def run_args(variant, depth, seed, run_dir, budget=None):
-    per_run = {**variant_opts[variant], 'n_layer': depth, 'seed': seed, 'out_dir': run_dir}
-    if budget:  # a complete run with its own schedule: the decay stretched or shrunk with it
-        per_run.update(max_iters=budget, lr_decay_iters=budget_decay(budget))
+def run_args(run):
+    """train.py's options for a run: its variant's, at its depth and seed, into its dir, with its budget's schedule."""
+    per_run = {**variant_opts[run['variant']], 'n_layer': run['depth'], 'seed': run['seed'], 'out_dir': run['dir']}
+    if run.get('budget'):  # a complete run with its own schedule: the decay stretched or shrunk with it
+        per_run.update(max_iters=run['budget'], lr_decay_iters=budget_decay(run['budget']))
     return [f"--{k}={v}" for k, v in {**train_opts, **per_run}.items()]
 
 def check_options():
@@ -166,7 +168,8 @@ def check_options():
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for v in variant_list:
-                sys.argv, out = [TRAIN_PY, *run_args(v, max(depth_list), seed_list[0], tmp)], io.StringIO()
+                run = {'variant': v, 'depth': max(depth_list), 'seed': seed_list[0], 'dir': tmp}
+                sys.argv, out = [TRAIN_PY, *run_args(run)], io.StringIO()
                 try:
                     with contextlib.redirect_stdout(out):
                         runpy.run_path(TRAIN_PY, run_name='__main__')
@@ -270,9 +273,7 @@ def train(run):
         code, resume, state_path = 0, run['status'] == 'resume', os.path.join(run['dir'], RUN_STATE)
         if run['status'] != 'eval':
             wall, t0 = read_json(state_path).get('wall_time_s', 0.0) if resume else 0.0, time()
-            code = child(run, 'train.py', run_args(run['variant'], run['depth'], run['seed'], run['dir'],
-                                                   run.get('budget')) + ['--init_from=resume'] * resume,
-                         'a' if resume else 'w')
+            code = child(run, 'train.py', run_args(run) + ['--init_from=resume'] * resume, 'a' if resume else 'w')
             if code == 0 and final_record(run['dir'], iters_of(run)) is None:
                 code, run['error'] = 1, f"exited normally but logged no val loss at iter {iters_of(run)}"
             config = run_config(run)
@@ -372,9 +373,8 @@ for run in runs:
     rows.append({'depth': run['depth'], 'variant': run['variant'], 'seed': run['seed'], 'budget': run.get('budget'),
                  'status': status, 'iters': log[-1]['iter'] if log else None,
                  **{k: state.get(k) for k in ('max_iters', 'lr_decay_iters', 'warmup_iters')},  # the schedule it ran
-                 'tokens': final and final['tokens'],
-                 'train_flops': final and final['flops'], 'val_loss': final and final['val_loss'],
-                 'compute_multiplier': None, 'multiplier_note': None,
+                 'tokens': final and final['tokens'], 'train_flops': final and final['flops'],
+                 'val_loss': final and final['val_loss'], 'compute_multiplier': None, 'multiplier_note': None,
                  'wall_time_s': round(state['wall_time_s'], 1) if 'wall_time_s' in state else None,
                  'out_dir': run['dir']})
     if status == 'done' and not run.get('budget'):
@@ -382,36 +382,15 @@ for run in runs:
                                                              for r in log if 'val_loss' in r and r['iter'] <= iters}
         rows[-1]['tiers'] = scores(run['dir']) or {}
 
-def reference_ends(depth, seed):
-    """[(FLOPs, final val loss)] of the reference's finished runs at `depth` and `seed`, one per budget."""
-    return [(r['train_flops'], r['val_loss']) for r in rows
-            if (r['depth'], r['variant'], r['seed'], r['status']) == (depth, reference, seed, 'done')]
-
-fits = {d: fit_power_law({s: reference_ends(d, s) for s in seed_list}) for d in depth_list} if budget_list else {}
+fits = {d: fit_power_law(reference_ends(rows, reference, d)) for d in depth_list} if budget_list else {}
 add_compute_multipliers(rows, curves, fits, reference)
-tier_list = sorted({int(n) for row in rows for n in row.get('tiers', {})})  # arithmetic: operators per expression
-for row in rows:
-    tiers = row.pop('tiers', {})
-    for n in tier_list:
-        row[f'acc_{n}'], row[f'majority_{n}'] = map(tiers.get(str(n), {}).get, ('accuracy', 'majority_baseline'))
-text = io.StringIO()
-writer = csv.DictWriter(text, fieldnames=list(rows[0]))
-writer.writeheader()
-writer.writerows(rows)
-atomic_write(csv_path, lambda f: f.write(text.getvalue().encode()))
-
-print(f"\n{sum(row['status'] == 'done' for row in rows)}/{len(rows)} runs finished")
-print_table(rows, depth_list, variant_list, 'val_loss', 'final val loss', len(budget_list))
-print(f"* paired over the seeds both finished; the compute multiplier's interval is over seeds too (t)")
-print_fits(rows, fits, reference)
-for n in tier_list:
-    print_table(rows, depth_list, variant_list, f'acc_{n}', f"test accuracy, {n} operators", lower_is_better=False,
-                floor_column=f'majority_{n}')
+tier_list = add_tier_columns(rows)  # arithmetic: a test accuracy per number of operators
+atomic_write(csv_path, lambda f: f.write(csv_text(rows).encode()))
+print_report(rows, depth_list, variant_list, fits, len(budget_list), tier_list)
 print(f"CSV: {csv_path}")
 
 if plot and curves:
-    plot_sweep(os.path.join(out_dir, 'sweep.png'), curves, depth_list, variant_list, fits,
-               {d: [end for s in seed_list for end in reference_ends(d, s)] for d in depth_list})
+    plot_sweep(os.path.join(out_dir, 'sweep.png'), curves, depth_list, variant_list, fits, rows)
     print(f"plot: {os.path.join(out_dir, 'sweep.png')}")
 
 if failed:

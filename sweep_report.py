@@ -2,12 +2,15 @@
 sweep.py's numbers: 95% t intervals over seeds, verdicts and p-values (paired t test, Holm-adjusted over a table's
 comparisons, exact sign test) on paired differences, compute multipliers (off the
 reference's training curve, or off a power law fitted to its final losses at several budgets), the tables and the
-plot. Plain functions of plain data (lists, dicts of sweep.csv's rows), so they also serve for a sweep.csv of your own:
+plot, and sweep.csv's text. Plain functions of plain data (lists, dicts of sweep.csv's rows), so they also serve for a
+sweep.csv of your own:
 
     import csv; from sweep_report import mean_ci
     rows = [r for r in csv.DictReader(open('out-sweep/sweep.csv')) if r['status'] == 'done']
     print(mean_ci([float(r['val_loss']) for r in rows if r['variant'] == 'lime']))
 """
+import csv
+import io
 import math
 
 # two-sided 95% quantiles of Student's t for 1..30 degrees of freedom
@@ -81,6 +84,15 @@ def compute_multiplier(ref_curve, loss, flops):
         f0, v0 = f, v
     return ref_curve[-1][0] / flops, 'lower'
 
+def reference_ends(rows, reference, depth):
+    """{seed: [(FLOPs, final val loss)] of the reference's finished runs at `depth`, one per budget}: what
+    fit_power_law fits."""
+    ends = {}
+    for r in rows:
+        if (r['depth'], r['variant'], r['status']) == (depth, reference, 'done'):
+            ends.setdefault(r['seed'], []).append((r['train_flops'], r['val_loss']))
+    return ends
+
 def fit_power_law(points):
     """The reference's final loss against its compute, L = A_s * C^-b, from runs trained to several budgets: one
     exponent b for every seed, one offset log A_s per seed (its data order, shared with the variants' runs of that
@@ -119,6 +131,25 @@ def add_compute_multipliers(rows, curves, fits, reference):
             row['compute_multiplier'], bound = compute_multiplier([ref[it] for it in sorted(ref)], row['val_loss'],
                                                                   row['train_flops'])
             row['multiplier_note'] = 'lower bound' if bound else 'reference curve'
+
+def add_tier_columns(rows):
+    """On the arithmetic task, each row's arithmetic.py scores (row['tiers']: its per_tier, removed) as columns
+    acc_<n> and majority_<n> per tier, n operators per expression (None where a run has no score); the tiers'
+    n, sorted."""
+    tiers = sorted({int(n) for row in rows for n in row.get('tiers', {})})
+    for row in rows:
+        scored = row.pop('tiers', {})
+        for n in tiers:
+            row[f'acc_{n}'], row[f'majority_{n}'] = map(scored.get(str(n), {}).get, ('accuracy', 'majority_baseline'))
+    return tiers
+
+def csv_text(rows):
+    """sweep.csv's text: a header of the first row's keys, then a line per row."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue()
 
 def print_fits(rows, fits, reference):
     """The fitted power law per depth and the runs read beyond its range; without fits, what '>' means."""
@@ -173,11 +204,23 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
                 extra = f"{mark}{mm:.3f} ± {mh:.3f}"
             print(f"{line:<106} {extra}".rstrip() if mine else f"{d:>5}  {v:<16}  0  (no finished runs)")
 
-def plot_sweep(path, curves, depths, variants, fits, reference_ends):
+def print_report(rows, depths, variants, fits, n_budgets, tiers):
+    """A sweep's tables: how many runs finished, the final val loss with the power laws fitted (fits:
+    {depth: fit_power_law(...)}, from n_budgets budgets), then the test accuracy per arithmetic tier (tiers:
+    add_tier_columns's)."""
+    print(f"\n{sum(row['status'] == 'done' for row in rows)}/{len(rows)} runs finished")
+    print_table(rows, depths, variants, 'val_loss', 'final val loss', n_budgets)
+    print("* paired over the seeds both finished; the compute multiplier's interval is over seeds too (t)")
+    print_fits(rows, fits, variants[0])
+    for n in tiers:
+        print_table(rows, depths, variants, f'acc_{n}', f"test accuracy, {n} operators", lower_is_better=False,
+                    floor_column=f'majority_{n}')
+
+def plot_sweep(path, curves, depths, variants, fits, rows):
     """Final val loss against depth, then a panel per depth: val loss against training FLOPs over training, with
     the reference's final losses at its budgets and the power law fitted through them. curves: {(depth, variant,
-    seed): {iter: (FLOPs, val loss)}} of the finished runs; fits: {depth: fit_power_law(...)}; reference_ends:
-    {depth: [(FLOPs, final val loss)] of the reference's runs at every budget}."""
+    seed): {iter: (FLOPs, val loss)}} of the finished runs; fits: {depth: fit_power_law(...)}; rows: sweep.csv's,
+    for the reference's final losses (reference_ends)."""
     import matplotlib  # only here: plot=False needs no matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -202,7 +245,8 @@ def plot_sweep(path, curves, depths, variants, fits, reference_ends):
             x = [low * (high / low) ** (i / 20) for i in range(21)]
             a = sum(offsets.values()) / len(offsets)
             ax.plot(x, [math.exp(a) * c ** -b for c in x], 'k--', lw=1, label=f"{reference} fit: FLOPs^-{b:.3f}")
-            ax.plot(*zip(*reference_ends[d]), 'kx', label=f"{reference}, final at each budget")
+            ends = [end for per_seed in reference_ends(rows, reference, d).values() for end in per_seed]
+            ax.plot(*zip(*ends), 'kx', label=f"{reference}, final at each budget")
     axes[0].set(xscale='log', xlabel='n_layer', ylabel='final val loss', title='final val loss (mean, 95% interval)')
     axes[0].set_xticks(depths, [str(d) for d in depths])
     for ax, d in zip(axes[1:], depths):

@@ -297,8 +297,9 @@ def test_config_errors(tmp_path, run_here):
 def test_imports_point_one_way():
     """The scripts use common.py, checkpoint.py and data.py (and model.py); common.py imports none of the
     repository's modules, checkpoint.py and data.py only common.py (checkpoint.py model.py too, to build the
-    model), model.py only its plug-ins, relatives.py, which imports nothing of the repository, and no module of
-    the repository imports itself back through others."""
+    model), model.py only its plug-ins, relatives.py, which imports nothing of the repository, the scripts'
+    libraries only those (representations.py: model.py; sweep_report.py: nothing), and no module of the
+    repository imports itself back through others."""
     graph = {}
     for name in os.listdir(ROOT):
         if name.endswith('.py'):
@@ -310,6 +311,7 @@ def test_imports_point_one_way():
     graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
     assert graph['model'] == {'relatives'} and graph['relatives'] == set() and graph['common'] == set()
     assert graph['checkpoint'] <= {'common', 'model'} and graph['data'] == {'common'}
+    assert graph['representations'] <= {'model', 'relatives'} and graph['sweep_report'] == set()
 
     def reaches(start, target, seen=()):
         return any(d == target or (d not in seen and reaches(d, target, (*seen, d))) for d in graph[start])

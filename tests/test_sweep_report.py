@@ -163,3 +163,61 @@ def test_table_shows_the_p_values_holm_over_the_table(capsys):
     # the columns line up under their headers
     for key in [('2', 'lime'), ('4', 'lime')]:
         assert line[key].index('0.', header.index('p_holm')) == header.index('p_holm')
+
+
+def scored_rows():
+    """2 layers, 2 seeds: the reference (baseline) at max_iters and at a budget of 50 iterations, LIMe finished in
+    seed 0 and failed in seed 1; the finished runs at max_iters scored on tier 2 of the arithmetic task."""
+    def tier2(accuracy):
+        return {'2': {'accuracy': accuracy, 'majority_baseline': 0.25}}
+    return [dict(row(2, 'baseline', 0, 2.0), train_flops=100.0, tiers=tier2(0.5)),
+            dict(row(2, 'baseline', 1, 2.2), train_flops=100.0, tiers=tier2(0.7)),
+            dict(row(2, 'lime', 0, 1.9), train_flops=110.0, tiers=tier2(0.6)),
+            dict(row(2, 'baseline', 0, 2.5), budget=50, train_flops=50.0),
+            dict(row(2, 'lime', 1, None), status='failed', train_flops=None)]
+
+
+def test_reference_ends_tier_columns_and_csv_by_hand():
+    """The reference's final losses per seed (what fit_power_law fits), the scores as columns acc_<n> and
+    majority_<n> per tier (empty for a run without them), and sweep.csv's text."""
+    rows = scored_rows()
+    assert sweep_report.reference_ends(rows, 'baseline', 2) == {0: [(100.0, 2.0), (50.0, 2.5)], 1: [(100.0, 2.2)]}
+    assert sweep_report.reference_ends(rows, 'lime', 2) == {0: [(110.0, 1.9)]}  # not the failed run
+    assert sweep_report.reference_ends(rows, 'baseline', 4) == {}
+    assert sweep_report.add_tier_columns(rows) == [2]
+    assert all('tiers' not in r for r in rows)
+    assert (rows[1]['acc_2'], rows[1]['majority_2'], rows[3]['acc_2'], rows[3]['majority_2']) == (0.7, 0.25, None, None)
+    lines = sweep_report.csv_text(rows).splitlines()
+    assert lines[0] == ('depth,variant,seed,status,budget,val_loss,compute_multiplier,multiplier_note,train_flops,'
+                        'acc_2,majority_2')
+    assert lines[1:] == ['2,baseline,0,done,,2.0,,,100.0,0.5,0.25', '2,baseline,1,done,,2.2,,,100.0,0.7,0.25',
+                         '2,lime,0,done,,1.9,,,110.0,0.6,0.25', '2,baseline,0,done,50,2.5,,,50.0,,',
+                         '2,lime,1,failed,,,,,,,']
+
+
+def test_report_prints_the_runs_finished_the_loss_then_a_table_per_tier(capsys):
+    rows = scored_rows()
+    sweep_report.print_report(rows, [2], ['baseline', 'lime'], {}, 0, sweep_report.add_tier_columns(rows))
+    out = capsys.readouterr().out
+    titles = [line.split(':')[0] for line in out.splitlines() if ': mean ± 95% interval' in line]
+    assert out.startswith('\n4/5 runs finished\n') and titles == ['final val loss', 'test accuracy, 2 operators']
+    assert "> a lower bound: baseline never got to that loss" in out  # no fits: what '>' means
+    assert re.search(r'\n\s+2\s+lime\s+1\s+0\.6000 .* 0\.2500: no interval \(one seed\)\n', out)  # vs the majority
+
+
+def test_the_plot_marks_the_reference_s_final_losses(tmp_path):
+    """Each depth's panel marks the reference's final losses at every budget, every seed, with the fit through
+    them."""
+    pytest.importorskip('matplotlib')
+    import matplotlib.pyplot as plt
+    rows = scored_rows()
+    fit = sweep_report.fit_power_law(sweep_report.reference_ends(rows, 'baseline', 2))
+    curves = {(2, 'baseline', 0): {0: (0.0, 4.0), 10: (100.0, 2.0)}, (2, 'lime', 0): {0: (0.0, 4.0), 10: (110.0, 1.9)}}
+    sweep_report.plot_sweep(str(tmp_path / 'sweep.png'), curves, [2], ['baseline', 'lime'], {2: fit}, rows)
+    try:
+        marks = [line for line in plt.gcf().axes[1].lines if line.get_marker() == 'x']
+        assert len(marks) == 1 and sorted(zip(marks[0].get_xdata(), marks[0].get_ydata())) == [
+            (50.0, 2.5), (100.0, 2.0), (100.0, 2.2)]
+    finally:
+        plt.close('all')
+    assert (tmp_path / 'sweep.png').stat().st_size > 0
