@@ -1,7 +1,6 @@
-"""
-What every nanoLIMe script shares: configuration (config files plus --key=value, --help) and the checks of
-its ranges, one-line errors, stop signals, device and dtype, peak FLOP/s. The files a run writes and reads
-are checkpoint.py's, the datasets data.py's; this file imports neither, nor any script.
+"""What every nanoLIMe script shares: configuration (config files plus --key=value, --help) and the checks of
+its ranges, one-line errors, stop signals, device and dtype, peak FLOP/s, variant names. A run's files are
+checkpoint.py's, the datasets data.py's; this file imports neither, nor any script.
 
     from common import UserError, configure, resolve_device, ...
     out_dir = 'out'            # the script's config globals: its defaults
@@ -12,7 +11,6 @@ import sys
 import ast
 import builtins
 import difflib
-import inspect
 import math
 import re
 import signal
@@ -40,6 +38,7 @@ OUT_OF_MEMORY_ADVICE = {
                 "any, is intact",
     'analyze.py': "lower num_tokens, context, max_per_word or batch_size, or analyze on another device "
                   "(--device=cpu); nothing was written for the run it was analyzing"}
+_debug = False  # configure() sets it (--debug or NANOLIME_DEBUG=1): excepthook shows tracebacks instead
 
 
 class UserError(Exception):
@@ -48,15 +47,14 @@ class UserError(Exception):
 
 # ----------------------------------------------------------------------------- configuration
 def _type_name(t):
-    return {bool: 'bool', int: 'int', float: 'float', str: 'str', type(None): 'None'}.get(t, t.__name__)
+    return 'None' if t is type(None) else t.__name__
 
 
 def check_value(key, value, default, nullable=()):
-    """value, coerced where allowed (int -> float), if it is of the kind the default says; else UserError.
-    A default of None: an optional count, None or an int (n_kv_head, limit, ...). 'auto': the script chooses
-    unless told, 'auto', a bool or a string (compile: True or False; device, dtype: a name); the script
-    checks which. Any other default: its own type. `nullable`: options that also take None though their
-    default is a count (sample.py's top_k: 200, or None for no limit)."""
+    """value, coerced where allowed (int -> float), if it is of the kind its default says; else UserError.
+    Default None: an optional count (None or an int). 'auto': 'auto', a bool or a name, which the script checks
+    (compile: a bool; device, dtype: a name). Any other: the default's type. `nullable`: options whose default
+    is a count that also take None (sample.py's top_k: 200, or None for no limit)."""
     if default is None or key in nullable:
         if value is None or type(value) is int:
             return value
@@ -103,15 +101,12 @@ def _exec_config_file(path, config):
 
 
 def configure(namespace, argv=None, nullable=(), positional=None, extra=None):
-    """nanoGPT's configurator: the plain values of `namespace` (a script's globals(); not names starting
-    with '_' or written in CAPITALS) are the defaults; config files (path.py, exec'd), then --key=value
-    override them, in order, each checked against its default (check_value says how; `nullable` is its).
-    Updates `namespace` in place and returns the config dict (saved in checkpoints). Installs the one-line
-    error handler (see excepthook).
-    `positional`: the key a bare word (not a .py file) sets, e.g. prepare.py's dataset. `extra`: a dict
-    that collects the keys `namespace` does not have instead of refusing them, each as the text of a
-    --key=<text> that gives its value back (sweep.py passes them on to train.py, which checks them).
-    -h or --help: where the options are and their defaults, then exit."""
+    """nanoGPT's configurator: the defaults are the plain values of `namespace` (a script's globals(), less
+    _private and CAPITALS names); config files (path.py, exec'd), then --key=value override them in order, each
+    checked by check_value (with `nullable`). Updates `namespace`, returns the config (checkpoints save it) and
+    installs excepthook; -h or --help prints usage() and exits. `positional`: the key a bare word sets (prepare.py's
+    dataset). `extra`: a dict that collects unknown keys instead of refusing them, each as the text of its
+    --key=<text> (sweep.py passes them on to train.py, which checks them)."""
     global _debug
     argv = sys.argv[1:] if argv is None else argv
     _debug = os.environ.get('NANOLIME_DEBUG', '') not in ('', '0') or any(
@@ -177,8 +172,7 @@ def check_ranges(config, at_least_1=(), at_least_0=(), finite=(), positive=(), f
     for key in (*finite, *positive):
         if not (math.isfinite(config[key]) and config[key] >= 0):
             raise UserError(f"{key}={config[key]} must be a finite number >= 0")
-    for key in positive:
-        if config[key] == 0:
+        if key in positive and config[key] == 0:
             raise UserError(f"{key}={config[key]} must be > 0")
     for key in fraction:
         if not 0.0 <= config[key] < 1.0:
@@ -202,9 +196,6 @@ def usage(namespace, defaults, positional=None, passes_on=False):
                       ]).lstrip()
 
 
-_debug = False
-
-
 def excepthook(etype, e, tb):
     """Any uncaught exception: one line 'error: ...' on stderr, exit status 1 (130 for Ctrl-C); with
     --debug or NANOLIME_DEBUG=1 the traceback. Under torchrun, ranks other than 0 prefix '[rank N]'."""
@@ -223,7 +214,6 @@ def excepthook(etype, e, tb):
         advice = OUT_OF_MEMORY_ADVICE
         msg = f"out of memory: {advice.get(os.path.basename(sys.argv[0]), advice['train.py'])}"
     elif ddp and (issubclass(etype, torch.distributed.DistError) or re.search('gloo|nccl', first, re.I)):
-        # a collective found a peer gone: it was killed, or stopped with an error of its own, which it reports
         msg = ("lost the connection to another rank, which stopped (killed, or with an error it reports itself): "
                "stopping too; the last checkpoint, if any, is intact (rank 0 writes it whole): fix what stopped that "
                "rank, then continue with --init_from=resume")
@@ -232,8 +222,7 @@ def excepthook(etype, e, tb):
     print(f"error: {f'[rank {rank}] ' if rank else ''}{msg}", file=sys.stderr, flush=True)
     status = 130 if issubclass(etype, KeyboardInterrupt) else 1
     if ddp:
-        # skip the interpreter's teardown: once a peer has exited, gloo's threads can abort it (SIGABRT, exit
-        # status 134) instead of exiting with ours; there is nothing left to save at this point
+        # no teardown (nothing is left to save): once a peer is gone, gloo's threads can abort it (SIGABRT, 134)
         os._exit(status)
     sys.exit(status)
 
@@ -246,8 +235,8 @@ def catch_stop_signals(announce=True):
 
     def on_signal(signum, frame):
         if received:
-            # Not a SIGTERM, nor a SIGINT within a second of the first: under torchrun a worker gets the
-            # terminal's SIGINT and torchrun's relayed copy (or a SIGTERM).
+            # abort on a SIGINT over a second after the first: under torchrun a worker gets the terminal's Ctrl-C
+            # and torchrun's relayed copy (or a SIGTERM) together
             if signum == signal.SIGINT and time.time() - received[0][1] > 1.0:
                 signal.signal(signum, signal.SIG_DFL)
                 raise KeyboardInterrupt
@@ -265,7 +254,7 @@ def catch_stop_signals(announce=True):
 def resolve_device(device):
     """'auto', 'cpu', 'cuda', 'cuda:N' or 'mps' -> 'cpu', 'mps' or an indexed 'cuda:N' ('cuda' means this
     process's GPU: cuda:LOCAL_RANK under torchrun, else cuda:0); UserError when it is not available."""
-    mps = getattr(torch.backends, 'mps', None) is not None and torch.backends.mps.is_available()
+    mps = torch.backends.mps.is_available()
     if device == 'auto':
         device = 'cuda' if torch.cuda.is_available() else 'mps' if mps else 'cpu'
     kind, _, index = str(device).partition(':')  # device=True (a bool: 'auto' takes them) is refused below
@@ -287,10 +276,9 @@ def resolve_dtype(dtype, device):
     """'auto' (CUDA: bfloat16 if the GPU has it, else float16; float32 elsewhere), 'float32', 'bfloat16' or
     'float16' -> torch.dtype for `device` (a resolved device string)."""
     cuda = device.startswith('cuda')
-    if dtype == 'auto':  # bf16 only where the GPU has it (Ampere on): T4 and V100 emulate it, slowly
-        native = {'including_emulation': False} if 'including_emulation' in \
-            inspect.signature(torch.cuda.is_bf16_supported).parameters else {}
-        dtype = ('bfloat16' if torch.cuda.is_bf16_supported(**native) else 'float16') if cuda else 'float32'
+    if dtype == 'auto':  # bf16 only where the GPU computes in it (Ampere on): T4 and V100 emulate it, slowly
+        native = cuda and torch.cuda.is_bf16_supported(including_emulation=False)
+        dtype = 'bfloat16' if native else 'float16' if cuda else 'float32'
     if dtype not in ('float32', 'bfloat16', 'float16'):
         raise UserError(f"dtype={dtype!r}: expected 'auto', 'float32', 'bfloat16' or 'float16'")
     if dtype == 'float16' and not cuda:
@@ -300,9 +288,7 @@ def resolve_dtype(dtype, device):
 
 def autocast(device, dtype):
     """Mixed precision for the forward pass; nothing to do in float32."""
-    if dtype == torch.float32:
-        return nullcontext()
-    return torch.autocast(device_type=device.split(':')[0], dtype=dtype)
+    return nullcontext() if dtype == torch.float32 else torch.autocast(device_type=device.split(':')[0], dtype=dtype)
 
 
 # dense bf16 peak FLOP/s by device name, for MFU; more specific names first ('H100 PCIe' before 'H100')
@@ -315,11 +301,8 @@ def peak_flops(device_name):
 
 
 # ----------------------------------------------------------------------------- variants
-# One name for a model variant, the same in bench.py and sweep.py:
+# One name for a model variant, the same in bench.py and sweep.py (VARIANT_GRAMMAR tells the user):
 #     component[:mode]  ('+' component[:mode] ...)  [@router_init]  (~key=value ...)
-# components: VARIANT_COMPONENTS below, and hc<N> (Hyper-Connections at rate N). A mode after ':':
-# lime:<router> (lime:first-2, lime:dynamic), attnres:<full|block|block-<m>>, mhc:<dynamic|static>, hc:dynamic.
-# @identity or @paper: LIMe's router init. ~key=value: any train.py option (sweep.py; bench.py: model options).
 VARIANT_COMPONENTS = {  # component -> model options; every other relative's option stays at its baseline value
     'baseline': {}, 'lime': {'lime': True}, 'hc': {'hc': 4}, 'mhc': {'hc': 4, 'mhc': 'dynamic'},
     'denseformer': {'denseformer': True}, 'attnres': {'attnres': 'full'}, 'mudd': {'mudd': True},
@@ -333,9 +316,8 @@ VARIANT_GRAMMAR = ("components baseline, lime, hc, hc<N>, mhc, denseformer, attn
 
 
 def parse_variant(variant):
-    """The options of a variant name (the grammar above): (model options, the '~' options as text). The model
-    options set every key of VARIANT_PLAIN, plus router and router_init where the name gives them; the model
-    checks the values (GPTConfig)."""
+    """(model options, the '~' options as text) of a variant name. The model options set every key of VARIANT_PLAIN,
+    plus router and router_init where the name gives them; GPTConfig checks the values."""
     name, *overrides = variant.split('~')
     pairs = [o.partition('=')[::2] for o in overrides]
     if any(not k or not v for k, v in pairs):

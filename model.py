@@ -110,11 +110,10 @@ class RoPE(nn.Module):
 
 
 # ----------------------------------------------------------------------------- LIMe
-# The one change LIMe makes to the baseline (Attention.forward): a layer's keys and values
-# are a learned mixture of the keys and values of every layer so far (eq. 2), read from the
-# stacked KV, instead of its own. Sources are ordered layer-major everywhere:
-# source s = j * n_kv_head + h is KV head h of layer j. Each layer appends its own
-# (H_kv, 2, B, T, d_h) [k; v] tensor, heads outermost, to the KVStack that GPT.forward passes down.
+# The one change LIMe makes to the baseline (Attention.forward): a layer's keys and values are a learned
+# mixture of the keys and values of every layer so far (eq. 2), read from the stacked KV, instead of its own.
+# Sources are ordered layer-major everywhere: source s = j * n_kv_head + h is KV head h of layer j. Each layer
+# appends its (H_kv, 2, B, T, d_h) [k; v], heads outermost, to the KVStack that GPT.forward passes down.
 
 def router_layers(router, layer):
     """The layers whose keys and values layer `layer` may read, for each router variant."""
@@ -169,9 +168,9 @@ class Router(nn.Module):
             # sources (not einsum, which would save a permuted copy of every source at every layer)
             B, T, _ = x.shape
             delta = self.dynamic(x).view(B, T, self.n_kv, -1)
-            for w, j in zip(delta.split(self.n_kv, dim=-1), self.layers):  # layer j's columns
+            for w, source in zip(delta.split(self.n_kv, dim=-1), self.layers):  # a source layer's columns
                 w = w.permute(2, 3, 0, 1)[:, :, None, ..., None]  # (H, H_src, 1, B, T, 1)
-                src = kv_stack.sources[j]  # (H_src, 2, B, T, d_h)
+                src = kv_stack.sources[source]  # (H_src, 2, B, T, d_h)
                 kv = kv + (w.to(src.dtype) * src).sum(1)  # (H, 2, B, T, d_h)
         return kv
 
@@ -201,7 +200,7 @@ class KVStack:
     once per later layer, and the ops fall from O(L^2) to O(L^2/m^2 + L*m)."""
 
     def __init__(self, routers, group_size):
-        self.routers, self.m = routers, group_size  # routers: every layer's Router (None at layer 0)
+        self.routers, self.group_size = routers, group_size  # routers: every layer's Router (None at layer 0)
         self.sources = []   # every layer's [k; v] so far, (H_kv, 2, B, T, d_h) each
         self.groups = []    # every completed group's sources, concatenated: (m * H_kv, 2, B, T, d_h)
         self.partial = None  # phase 1: the completed groups' part of eq. (2), one tensor per layer of this group
@@ -209,25 +208,26 @@ class KVStack:
     def append(self, kv):
         layer = len(self.sources)
         self.sources.append(kv)
-        if layer == 0 or layer % self.m:  # not a group's start
+        if layer == 0 or layer % self.group_size:  # not a group's start
             return
-        routers = self.routers[layer:layer + self.m]  # layers >= 1: each has a Router
-        done = self.sources[layer - self.m:layer]  # a group just completed: its sources in one tensor
+        routers = self.routers[layer:layer + self.group_size]  # layers >= 1: each has a Router
+        done = self.sources[layer - self.group_size:layer]  # a group just completed: its sources in one tensor
         self.groups.append(done[0] if len(done) == 1 else torch.cat(done))
-        read = {j // self.m for r in routers for j in r.layers if j < layer}  # the groups they read
+        read = {source // self.group_size for r in routers for source in r.layers if source < layer}  # groups read
         self.partial = None
         if read:  # phase 1: this group's router rows over those groups' columns, all layers at once
             # (consecutive groups for every variant; a group between them would only add zero columns)
-            first, last, width = min(read), max(read), self.m * kv.size(0)  # width: a group's sources
+            first, last, width = min(read), max(read), self.group_size * kv.size(0)  # width: a group's sources
             weight = torch.cat([r.matrix()[:, first * width:(last + 1) * width] for r in routers])
             self.partial = route(weight, self.groups[first:last + 1]).split(kv.size(0))
 
     def read(self, router):
         """k~, v~ of the router's layer: phase 2 (its own group) plus its rows of phase 1."""
-        first = router.layer - router.layer % self.m  # the first layer of its group
-        own = next(i for i, j in enumerate(router.layers) if j >= first)  # the variant's own-group layers
+        first = router.layer - router.layer % self.group_size  # the first layer of its group
+        own = next(i for i, source in enumerate(router.layers) if source >= first)  # where its own group starts
         partial = None if self.partial is None else self.partial[router.layer - first]
-        return route(router.weight[:, own * router.n_kv:], [self.sources[j] for j in router.layers[own:]], partial)
+        sources = [self.sources[source] for source in router.layers[own:]]
+        return route(router.weight[:, own * router.n_kv:], sources, partial)
 
 
 def route_group_size(n_layer):

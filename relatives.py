@@ -64,7 +64,7 @@ def check(config):
     if config.hc_dynamic and config.mhc == "dynamic":
         raise ValueError("mhc='dynamic' is dynamic already (the paper's maps); hc_dynamic is for hc and mhc='static'")
     if config.attnres:
-        attnres_block_size(config.attnres, config.n_layer)  # raises on an unknown mode
+        attnres_block_sublayers(config.attnres, config.n_layer)  # raises on an unknown mode
     if sum(map(bool, (config.hc, config.denseformer, config.attnres, config.mudd))) > 1:
         raise ValueError("hc, denseformer, attnres and mudd each rewire the residual stream; use one of them")
     if config.moda and (config.lime or config.hc or config.denseformer or config.attnres or config.mudd):
@@ -109,7 +109,7 @@ def stream(model, x):
     if c.denseformer:
         return DenseStream(model, x)
     if c.attnres:
-        return DepthStream(model.attn_res(), attnres_block_size(c.attnres, c.n_layer), x, c.norm_eps)
+        return DepthStream(model.attn_res(), attnres_block_sublayers(c.attnres, c.n_layer), x, c.norm_eps)
     if c.mudd:
         return MUDDStream(model, x)
     if c.moda:
@@ -128,7 +128,7 @@ def flops(c, T):
     if c.denseformer:  # after block i, a weighted sum of i + 2 tensors of width d
         total += sum(2 * (i + 2) * d for i in range(L))
     if c.attnres:  # each of the 2L + 1 reads: a logit and a multiply-add per source; the sources of read i
-        m = attnres_block_size(c.attnres, L)  # are the embedding, i // m completed blocks and a partial sum
+        m = attnres_block_sublayers(c.attnres, L)  # are the embedding, i // m completed blocks and a partial sum
         total += sum(4 * d * (1 + i // m + (i % m > 0)) for i in range(2 * L + 1))
     if c.mudd:  # after block i: W1, W2 and, for each way, a multiply-add per source
         for i in range(L):
@@ -177,11 +177,11 @@ class HyperStreams(Stream):
     def __init__(self, model, x):
         self.connections = [c for block in model.transformer.h for c in (block.hc_attn, block.hc_mlp)]
         self.H = x.float().unsqueeze(2).repeat(1, 1, model.config.hc, 1)  # n copies of the embedding
-        self.i = 0  # the next sub-layer
+        self.sub = 0  # the next sub-layer
 
     def read(self):
         with fp32(self.H):
-            pre, res, self.post = self.connections[self.i](self.H)
+            pre, res, self.post = self.connections[self.sub](self.H)
             h = (pre.unsqueeze(-2) @ self.H).squeeze(-2)  # (B, T, d)
             self.H = res @ self.H                          # (B, T, n, d), carried
         return h
@@ -189,7 +189,7 @@ class HyperStreams(Stream):
     def write(self, y):
         with fp32(self.H):
             self.H = self.H + self.post.unsqueeze(-1) * y.float().unsqueeze(-2)
-        self.i += 1
+        self.sub += 1
 
     def output(self):
         return self.H.sum(2)  # the streams summed before the final norm
@@ -307,7 +307,7 @@ class DenseStream(Stream):
     """The baseline's sum inside a block; after each block the DenseFormer average."""
 
     def __init__(self, model, x):
-        self.dwa, self.x, self.i = model.dwa, x.float(), 0
+        self.dwa, self.x, self.sub = model.dwa, x.float(), 0
         self.outputs = [self.x]  # the embedding and every block's output
 
     def read(self):
@@ -315,11 +315,11 @@ class DenseStream(Stream):
 
     def write(self, y):
         self.x = self.x + y.float()
-        self.i += 1
-        if self.i % 2 == 0:  # a block's end
+        self.sub += 1
+        if self.sub % 2 == 0:  # a block's end
             self.outputs.append(self.x)
             with fp32(self.x):
-                self.x = self.dwa[self.i // 2 - 1](self.outputs)
+                self.x = self.dwa[self.sub // 2 - 1](self.outputs)
 
     def output(self):
         return self.x
@@ -336,7 +336,7 @@ class DenseStream(Stream):
 # partial sum: memory O(L/m) sources instead of O(L). Full AttnRes is m = 1, each output its own block.
 # The final blend (the paper's output aggregating all block representations, §3.2) is one more read.
 
-def attnres_block_size(attnres, n_layer):
+def attnres_block_sublayers(attnres, n_layer):
     """Sub-layers per block: 1 for 'full', m for 'block-<m>', and for 'block' the paper's 8 blocks of the
     2 * n_layer sub-layers (m rounded up: at most 8 blocks)."""
     name, _, m = attnres.partition("-")
@@ -374,21 +374,21 @@ class DepthStream(Stream):
     softmax: with h' phase 1's mix, s the logsumexp of its logits and z the logit of p,
         h = sigmoid(s - z) * h' + sigmoid(z - s) * p = h' + sigmoid(z - s) * (p - h')."""
 
-    def __init__(self, queries, block_size, embedding, eps):
-        self.queries, self.m, self.eps = queries, block_size, eps  # queries: every read's, in order (AttnRes)
+    def __init__(self, queries, m, embedding, eps):  # m: sub-layers per block
+        self.queries, self.m, self.eps = queries, m, eps  # queries: every read's, in order (AttnRes)
         embedding = embedding.float()
         self.blocks = [embedding]           # the completed blocks' sums b_0, b_1, ..., (B, T, d) each
         with fp32(embedding):
             self.keys = [self.norm(embedding)]  # RMSNorm(b_j) without the gain, once per block
         self.partial = None                 # the current block's sum so far
-        self.i = 0                          # outputs so far: the next read is sub-layer i's input
+        self.sub = 0                        # outputs so far: the next read is this sub-layer's input
 
     def norm(self, v):
         return F.rms_norm(v, (v.size(-1),), eps=self.eps)
 
     def read(self):
-        """h_l for sub-layer l = self.i (after the last one: the final blend)."""
-        sub, i = self.i, self.i % self.m  # sub-layer `sub` is the i-th of its block
+        """h_l for sub-layer l = self.sub (after the last one: the final blend)."""
+        sub, i = self.sub, self.sub % self.m  # sub-layer `sub` is the i-th of its block
         with fp32(self.blocks[0]):
             if i == 0:  # phase 1, at a block's start: softmax over the completed blocks, for its m sub-layers
                 q = self.queries[sub:sub + self.m]                  # (m, d)
@@ -407,8 +407,8 @@ class DepthStream(Stream):
         """Sub-layer i's output: added to its block's sum; a completed block becomes a source."""
         y = y.float()
         self.partial = y if self.partial is None else self.partial + y
-        self.i += 1
-        if self.i % self.m == 0:
+        self.sub += 1
+        if self.sub % self.m == 0:
             self.blocks.append(self.partial)
             with fp32(y):
                 self.keys.append(self.norm(self.partial))

@@ -1,14 +1,16 @@
 """
 Our baseline's train step next to nanoGPT's, at nanoGPT's CPU recipe for Shakespeare characters (4 layers,
 4 heads, width 128, block 64, batch 12, no dropout, eager), timed in interleaved rounds in one process so that
-a busy machine slows both alike. nanoGPT is not shipped here: clone it beside this repository first.
+a busy machine slows all alike; then a profile of one of each (torch.profiler, self CPU time by op).
+nanoGPT is not shipped here: clone it beside this repository first.
 
 $ git clone https://github.com/karpathy/nanoGPT ../nanoGPT
-$ python dev/bench_nanogpt.py ../nanoGPT          # 12 rounds of 10 steps each; prints each round's ratio
+$ python dev/bench_nanogpt.py ../nanoGPT          # 30 rounds of 10 steps each, about 2 minutes on 2 cores
 
-The two models differ by design in the MLP (our SwiGLU with hidden 384 against nanoGPT's GELU with 512:
-about 12 % more MLP FLOPs), the norm (RMSNorm against LayerNorm), RoPE against learned positions, and the
-weight tying. The ratio is what a user switching from nanoGPT pays per step.
+The models differ by design in the MLP (our SwiGLU, hidden 384 by the Llama rule, against nanoGPT's GELU
+with 512: 12.5 % more MLP FLOPs), the norm (RMSNorm against LayerNorm, which has a fused CPU kernel), RoPE
+against learned positions. "nanoLIMe" is the default model (what a user switching from nanoGPT pays per
+step); "nanoLIMe, MLP 344" has nanoGPT's MLP FLOPs (3 x 128 x 344 = 2 x 128 x 512, rounded to 8).
 """
 import importlib.util
 import os
@@ -17,6 +19,7 @@ import sys
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 from model import GPT, GPTConfig  # noqa: E402
@@ -27,20 +30,19 @@ if len(sys.argv) < 2 or not os.path.isfile(os.path.join(sys.argv[1], 'model.py')
 spec = importlib.util.spec_from_file_location('nanogpt_model', os.path.join(sys.argv[1], 'model.py'))
 nanogpt = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(nanogpt)
-rounds, steps = 12, 10
+rounds, steps = 30, 10
 B, T, V = 12, 64, 65
 shape = dict(n_layer=4, n_head=4, n_embd=128, block_size=T, vocab_size=V, dropout=0.0)
+NAMES = ('nanoGPT', 'nanoLIMe', 'nanoLIMe, MLP 344')
 
 
 def build(name):
     torch.manual_seed(0)
     if name == 'nanoGPT':
         model = nanogpt.GPT(nanogpt.GPTConfig(**shape, bias=False))
-        opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), 'cpu')
-    else:
-        model = GPT(GPTConfig(**shape))
-        opt = model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.99), 'cpu')
-    return model, opt
+        return model, model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), 'cpu')
+    model = GPT(GPTConfig(**shape, mlp_hidden=344 if 'MLP' in name else None))
+    return model, model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.99), 'cpu')
 
 
 def step(model, opt, x, y):
@@ -52,25 +54,36 @@ def step(model, opt, x, y):
 
 g = torch.Generator().manual_seed(0)
 x, y = torch.randint(V, (B, T), generator=g), torch.randint(V, (B, T), generator=g)
-models = {name: build(name) for name in ('nanoGPT', 'nanoLIMe')}
+models = {name: build(name) for name in NAMES}
 for name, (model, opt) in models.items():
-    n = sum(p.numel() for p in model.parameters())
-    print(f"{name:>9}: {n:,} parameters")
+    print(f"{name:>18}: {sum(p.numel() for p in model.parameters()):,} parameters")
     for _ in range(3):  # warm-up
         step(model, opt, x, y)
-ratios = []
-print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {rounds} rounds of {steps} steps, "
-      f"batch {B} x {T}")
+print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {rounds} rounds of {steps} steps, batch {B} x {T}")
+ratios = {name: [] for name in NAMES[1:]}
 for r in range(rounds):
     ms = {}
-    for name in (('nanoGPT', 'nanoLIMe') if r % 2 == 0 else ('nanoLIMe', 'nanoGPT')):  # alternate who goes first
+    for name in (NAMES if r % 2 == 0 else NAMES[::-1]):  # alternate who goes first
         model, opt = models[name]
         t0 = time.perf_counter()
         for _ in range(steps):
             step(model, opt, x, y)
         ms[name] = (time.perf_counter() - t0) / steps * 1e3
-    ratios.append(ms['nanoLIMe'] / ms['nanoGPT'])
-    print(f"round {r + 1:>2}: nanoGPT {ms['nanoGPT']:6.2f} ms/step, nanoLIMe {ms['nanoLIMe']:6.2f} ms/step, "
-          f"ratio {ratios[-1]:.3f}")
-print(f"median ratio nanoLIMe / nanoGPT: {statistics.median(ratios):.3f} "
-      f"(rounds {min(ratios):.2f}-{max(ratios):.2f})")
+    for name in ratios:
+        ratios[name].append(ms[name] / ms['nanoGPT'])
+    print(f"round {r + 1:>2}: " + ", ".join(f"{name} {ms[name]:.2f} ms" for name in NAMES))
+for name, rs in ratios.items():
+    q1, _, q3 = statistics.quantiles(rs, n=4)
+    print(f"median step ratio {name} / nanoGPT: {statistics.median(rs):.3f} (quartiles {q1:.3f}-{q3:.3f})")
+for name in NAMES[:2]:  # where the time goes: self CPU time per op, per step
+    model, opt = models[name]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step(model, opt, x, y)
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in events) / steps / 1e3
+    print(f"\n{name}: {total:.1f} ms of self CPU time per step (profiled); the ops above 1 %:")
+    for e in events:
+        ms = e.self_cpu_time_total / steps / 1e3
+        if ms >= total / 100:
+            print(f"  {e.key[:58]:<58} {ms:6.2f} ms  {e.count // steps:>4} calls")

@@ -28,6 +28,14 @@ def test_auto_dtype_is_bf16_only_where_the_gpu_has_it(gpu, native, want, monkeyp
     assert common.resolve_dtype('bfloat16', 'cuda:0') == torch.bfloat16  # asked for by name: as asked
 
 
+def test_autocast_is_mixed_precision_except_in_float32():
+    x = torch.ones(2, 2)
+    with common.autocast('cpu', torch.bfloat16):
+        assert (x @ x).dtype == torch.bfloat16
+    with common.autocast('cpu', torch.float32):
+        assert (x @ x).dtype == torch.float32
+
+
 # ------------------------------------------------------------------------ one error line, or with --debug the traceback
 def test_debug_shows_the_traceback(data_dir, monkeypatch, capsys):
     """--debug (a bare flag; --debug=True is the same check) and NANOLIME_DEBUG=1: the traceback instead."""
@@ -222,6 +230,22 @@ def test_the_script_checks_its_auto_options(script, args, message, tmp_path):
     assert str(e.value) == message
 
 
+def test_check_ranges_refuses_each_kind_of_option_out_of_range():
+    """One line for the option out of its range; a finite option takes 0, a positive one does not."""
+    kinds = dict(at_least_1=('n',), at_least_0=('seed',), finite=('wd',), positive=('lr',), fraction=('beta',),
+                 choices={'opt': ('adamw', 'muon')})
+    good = {'n': 1, 'seed': 0, 'wd': 0.0, 'lr': 1e-3, 'beta': 0.0, 'opt': 'muon'}
+    common.check_ranges(good, **kinds)
+    for bad, message in [({'n': 0}, "n=0 must be >= 1"), ({'seed': -1}, "seed=-1 must be >= 0"),
+                         ({'wd': float('inf')}, "wd=inf must be a finite number >= 0"),
+                         ({'lr': 0.0}, "lr=0.0 must be > 0"), ({'lr': -1.0}, "lr=-1.0 must be a finite number >= 0"),
+                         ({'beta': 1.0}, "beta=1.0 must be in [0, 1)"),
+                         ({'opt': 'sgd'}, "opt='sgd': expected 'adamw' or 'muon'")]:
+        with pytest.raises(common.UserError) as e:
+            common.check_ranges({**good, **bad}, **kinds)
+        assert str(e.value) == message
+
+
 # ----------------------------------------------------------------------------- variant names
 def test_variant_grammar():
     """One name per model variant (bench.py and sweep.py read it): components joined by '+', a mode after ':', the
@@ -234,7 +258,8 @@ def test_variant_grammar():
     assert parse('mhc')[0] == {**plain, 'hc': 4, 'mhc': 'dynamic'} == parse('mhc:dynamic')[0]
     assert parse('mhc:static')[0] == {**plain, 'hc': 4, 'mhc': 'static'}
     assert parse('attnres')[0] == {**plain, 'attnres': 'full'} and parse('attnres:block')[0]['attnres'] == 'block'
-    assert parse('lime:first-2+attnres:block-4')[0] == {**plain, 'lime': True, 'router': 'first-2', 'attnres': 'block-4'}
+    assert parse('lime:first-2+attnres:block-4')[0] == {**plain, 'lime': True, 'router': 'first-2',
+                                                        'attnres': 'block-4'}
     assert parse('lime:last-2@identity')[0] == {**plain, 'lime': True, 'router': 'last-2', 'router_init': 'identity'}
     assert parse('lime@identity~router_lr=1e-3~weight_decay=0') == (
         {**plain, 'lime': True, 'router_init': 'identity'}, {'router_lr': '1e-3', 'weight_decay': '0'})

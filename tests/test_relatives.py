@@ -84,7 +84,7 @@ def test_attnres_matches_the_equation(n_layer, attnres, m):
     """The model's two-phase AttnRes against the naive one: logits and every gradient (pseudo-queries,
     key gains, the final blend's, every projection, the embedding)."""
     model = scramble(build(n_layer=n_layer, attnres=attnres))
-    assert R.attnres_block_size(attnres, n_layer) == m
+    assert R.attnres_block_sublayers(attnres, n_layer) == m
     assert_matches(model, lambda model, x, y: naive_attnres(model, x, y, m)[:2])
 
 
