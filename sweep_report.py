@@ -143,8 +143,27 @@ def add_tier_columns(rows):
             row[f'acc_{n}'], row[f'majority_{n}'] = map(scored.get(str(n), {}).get, ('accuracy', 'majority_baseline'))
     return tiers
 
+def best_of_arms(rows):
+    """Each arm's best variant at each depth, {(depth, arm): (variant, mean final val loss, seeds)}. An arm is a
+    variant name without its '~' options (lime~learning_rate=4e-3 is arm lime at another lr); its best, the
+    variant with the lowest mean final val loss over its finished seeds (ties: the first in rows)."""
+    losses = {}
+    for row in rows:
+        if row['status'] == 'done' and row['budget'] is None:
+            losses.setdefault((row['depth'], row['variant']), []).append(row['val_loss'])
+    best = {}
+    for (depth, variant), xs in losses.items():
+        key, mean = (depth, variant.split('~')[0]), sum(xs) / len(xs)
+        if key not in best or mean < best[key][1]:
+            best[key] = (variant, mean, len(xs))
+    return best
+
 def csv_text(rows):
-    """sweep.csv's text: a header of the first row's keys, then a line per row."""
+    """sweep.csv's text: a header of the first row's keys and best_of_arm (whether the row's variant is its
+    arm's best at its depth: best_of_arms; empty for a budget run or an unfinished one), then a line per row."""
+    best = best_of_arms(rows)
+    rows = [{**row, 'best_of_arm': best[row['depth'], row['variant'].split('~')[0]][0] == row['variant']
+             if row['status'] == 'done' and row['budget'] is None else None} for row in rows]
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(rows[0]))
     writer.writeheader()
@@ -212,6 +231,12 @@ def print_report(rows, depths, variants, fits, n_budgets, tiers):
     print_table(rows, depths, variants, 'val_loss', 'final val loss', n_budgets)
     print("* paired over the seeds both finished; the compute multiplier's interval is over seeds too (t)")
     print_fits(rows, fits, variants[0])
+    best = {key: b for key, b in best_of_arms(rows).items()
+            if sum(v.split('~')[0] == key[1] for v in variants) > 1}  # arms run in more than one setting
+    if best:
+        print("\neach arm's best (lowest mean final val loss; sweep.csv's best_of_arm):")
+    for (depth, arm), (variant, mean, n) in sorted(best.items()):
+        print(f"{depth:>5}  {arm:<16} {variant}  {mean:.4f} ({n} seed{'s' * (n > 1)})")
     for n in tiers:
         print_table(rows, depths, variants, f'acc_{n}', f"test accuracy, {n} operators", lower_is_better=False,
                     floor_column=f'majority_{n}')

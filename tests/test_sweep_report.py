@@ -189,10 +189,10 @@ def test_reference_ends_tier_columns_and_csv_by_hand():
     assert (rows[1]['acc_2'], rows[1]['majority_2'], rows[3]['acc_2'], rows[3]['majority_2']) == (0.7, 0.25, None, None)
     lines = sweep_report.csv_text(rows).splitlines()
     assert lines[0] == ('depth,variant,seed,status,budget,val_loss,compute_multiplier,multiplier_note,train_flops,'
-                        'acc_2,majority_2')
-    assert lines[1:] == ['2,baseline,0,done,,2.0,,,100.0,0.5,0.25', '2,baseline,1,done,,2.2,,,100.0,0.7,0.25',
-                         '2,lime,0,done,,1.9,,,110.0,0.6,0.25', '2,baseline,0,done,50,2.5,,,50.0,,',
-                         '2,lime,1,failed,,,,,,,']
+                        'acc_2,majority_2,best_of_arm')
+    assert lines[1:] == ['2,baseline,0,done,,2.0,,,100.0,0.5,0.25,True', '2,baseline,1,done,,2.2,,,100.0,0.7,0.25,True',
+                         '2,lime,0,done,,1.9,,,110.0,0.6,0.25,True', '2,baseline,0,done,50,2.5,,,50.0,,,',
+                         '2,lime,1,failed,,,,,,,,']
 
 
 def test_report_prints_the_runs_finished_the_loss_then_a_table_per_tier(capsys):
@@ -203,6 +203,30 @@ def test_report_prints_the_runs_finished_the_loss_then_a_table_per_tier(capsys):
     assert out.startswith('\n4/5 runs finished\n') and titles == ['final val loss', 'test accuracy, 2 operators']
     assert "> a lower bound: baseline never got to that loss" in out  # no fits: what '>' means
     assert re.search(r'\n\s+2\s+lime\s+1\s+0\.6000 .* 0\.2500: no interval \(one seed\)\n', out)  # vs the majority
+
+
+def test_each_arm_s_best_setting_is_chosen_recorded_and_printed(capsys):
+    """An arm is a variant name before '~': its best at each depth is the setting with the lowest mean final val
+    loss over its finished seeds (a budget run or a failed one counts for nothing), marked in sweep.csv and
+    printed for arms run in more than one setting."""
+    def row(depth, variant, seed, loss, status='done', budget=None):
+        return dict(depth=depth, variant=variant, seed=seed, status=status, budget=budget, val_loss=loss,
+                    compute_multiplier=None, multiplier_note=None)
+    lr = '~learning_rate=4e-3'
+    rows = [row(2, 'baseline', 0, 2.0), row(2, 'baseline', 1, 2.4), row(2, 'baseline' + lr, 0, 2.1),
+            row(2, 'baseline' + lr, 1, 2.2), row(2, 'lime', 0, 1.9), row(2, 'lime' + lr, 0, 1.0, budget=50),
+            row(2, 'lime' + lr, 1, None, status='failed'), row(4, 'baseline', 0, 3.0), row(4, 'baseline' + lr, 0, 2.9)]
+    best = sweep_report.best_of_arms(rows)
+    assert best == {(2, 'baseline'): ('baseline' + lr, pytest.approx(2.15), 2), (2, 'lime'): ('lime', 1.9, 1),
+                    (4, 'baseline'): ('baseline' + lr, 2.9, 1)}  # 2.15 < the mean of 2.0 and 2.4
+    marks = [line.rsplit(',', 1)[1] for line in sweep_report.csv_text(rows).splitlines()[1:]]
+    assert marks == ['False', 'False', 'True', 'True', 'True', '', '', 'False', 'True']
+    variants = ['baseline', 'baseline' + lr, 'lime', 'lime' + lr]
+    sweep_report.print_report(rows, [2, 4], variants, {}, 0, [])
+    out = capsys.readouterr().out.split("each arm's best")[1].splitlines()[1:]
+    assert [line.split() for line in out] == [['2', 'baseline', 'baseline' + lr, '2.1500', '(2', 'seeds)'],
+                                              ['2', 'lime', 'lime', '1.9000', '(1', 'seed)'],
+                                              ['4', 'baseline', 'baseline' + lr, '2.9000', '(1', 'seed)']]
 
 
 def test_the_plot_marks_the_reference_s_final_losses(tmp_path):
