@@ -29,8 +29,8 @@ import sweep_report
 
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
         '--eval_iters=2', '--warmup_iters=1', '--log_interval=1', '--compile=False', '--dtype=float32']
-COLUMNS = ['depth', 'variant', 'seed', 'budget', 'status', 'iters', 'max_iters', 'lr_decay_iters', 'warmup_iters', 'tokens', 'train_flops', 'val_loss', 'compute_multiplier',
-           'multiplier_note', 'wall_time_s', 'out_dir']
+COLUMNS = ['depth', 'variant', 'seed', 'budget', 'status', 'iters', 'max_iters', 'lr_decay_iters', 'warmup_iters',
+           'tokens', 'train_flops', 'val_loss', 'compute_multiplier', 'multiplier_note', 'wall_time_s', 'out_dir']
 
 
 def read_csv(path):
@@ -85,7 +85,7 @@ def swept(data_dir, tmp_path_factory):
 def test_end_to_end_csv_table_multiplier_bar_plot(swept):
     root, _, stdout, tty = swept
     rows = read_csv(os.path.join(root, 'sweep.csv'))
-    assert list(rows[0]) == COLUMNS
+    assert list(rows[0]) == COLUMNS + ['best_of_arm']
     by = {(r['variant'], int(r['seed'])): r for r in rows}
     assert sorted(by) == [('baseline', 0), ('baseline', 1), ('lime', 0), ('lime', 1)]
     for (v, s), r in by.items():
@@ -421,7 +421,7 @@ def test_arithmetic_runs_get_accuracy_per_tier(arithmetic_swept):
     rows = read_csv(os.path.join(root, 'sweep.csv'))
     with open(os.path.join(root, 'baseline-L2-s0', 'arith_eval_test.json')) as f:
         tiers = json.load(f)['per_tier']
-    assert len(rows) == 1 and list(rows[0])[len(COLUMNS):] == ['acc_2', 'majority_2', 'acc_3', 'majority_3']
+    assert len(rows) == 1 and list(rows[0])[len(COLUMNS):] == ['acc_2', 'majority_2', 'acc_3', 'majority_3', 'best_of_arm']
     for n in (2, 3):
         assert float(rows[0][f'acc_{n}']) == tiers[str(n)]['accuracy'] and tiers[str(n)]['n'] == 10
         assert float(rows[0][f'majority_{n}']) == tiers[str(n)]['majority_baseline']
