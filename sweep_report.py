@@ -201,7 +201,7 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
     print(f"\n{title}: mean ± 95% interval over seeds, difference to {reference} paired by seed\ntwo-sided p: "
           f"p_t paired t test, p_holm that Holm-adjusted over this table's {tests} "
           f"t tests, p_sign exact sign test (ties dropped)\n{'depth':>5}  {'variant':<16} {'n':>2}  {column:<17}  "
-          f"{'vs ' + reference:<19} {'verdict':<18} {'p_t':<6} {'p_holm':<6} {'p_sign':<6} {last}\n" + '-' * 130)
+          f"{'vs ' + reference:<19} {'verdict':<22} {'p_t':<6} {'p_holm':<6} {'p_sign':<6} {last}\n" + '-' * 134)
     for d in depths:
         for v, mine in done[d].items():
             m, h = mean_ci([r[column] for r in mine.values()]) if mine else (math.nan, math.nan)
@@ -209,7 +209,7 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
             if (d, v) in diffs:
                 dm, dh = mean_ci(diffs[d, v])
                 star = '*' if len(diffs[d, v]) < len(mine) else ' '
-                line += (f"  {dm:+.4f} ± {dh:<8.4f}{star} {verdict(dm, dh, lower_is_better):<18} {fmt(p_t[d, v]):<6} "
+                line += (f"  {dm:+.4f} ± {dh:<8.4f}{star} {verdict(dm, dh, lower_is_better):<22} {fmt(p_t[d, v]):<6} "
                          f"{fmt(p_holm[d, v]):<6} {fmt(sign_test_p(diffs[d, v])):<6}")
             mults = [r for r in mine.values() if r['compute_multiplier'] is not None]
             if floor_column and mine:  # "above" only when the whole interval is above the floor
@@ -221,7 +221,7 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
                 mark = '>' if any(r['multiplier_note'] == 'lower bound' for r in mults) else '~' if any(
                     r['multiplier_note'].startswith('extrapolated') for r in mults) else ''
                 extra = f"{mark}{mm:.3f} ± {mh:.3f}"
-            print(f"{line:<106} {extra}".rstrip() if mine else f"{d:>5}  {v:<16}  0  (no finished runs)")
+            print(f"{line:<110} {extra}".rstrip() if mine else f"{d:>5}  {v:<16}  0  (no finished runs)")
 
 def print_report(rows, depths, variants, fits, n_budgets, tiers):
     """A sweep's tables: how many runs finished, the final val loss with the power laws fitted (fits:
