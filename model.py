@@ -304,8 +304,8 @@ class Attention(nn.Module):
         B, T, _, _ = q.shape
         pos = cache.pos if cache is not None else 0
         q, k = rope(torch.cat((q, k), dim=2), pos).split((self.n_head, self.n_kv_head), dim=2)  # one RoPE for both
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, d_h): in memory still
-        if cache is not None:  # (B, T, heads, d_h), so that attention's output is and the reshape below copies nothing
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # views: y comes back (B, T, H, d_h), no copy
+        if cache is not None:
             k, v = cache.update(self.layer, k, v)
         # queries at pos..pos+T-1 see every cached key up to their own position; one new token sees the whole
         # cache: no mask, which keeps the flash kernels available
@@ -393,8 +393,8 @@ class GPT(nn.Module):
         if pos + T > self.config.block_size:
             raise ValueError(f"sequence of {pos + T} tokens exceeds block_size={self.config.block_size}")
         x = self.transformer.drop(self.transformer.wte(idx))
-        kv_stack = None if not self.config.lime else KVStack(  # LIMe: the stacked KV, every layer's [k; v] so far
-            [block.attn.router for block in self.transformer.h], self.route_group_size)
+        kv_stack = KVStack([block.attn.router for block in self.transformer.h],  # LIMe: every layer's [k; v] so far
+                           self.route_group_size) if self.config.lime else None
         stream = relatives.stream(self, x)  # the plug-in point: a relative's residual stream, or None
         if stream is None:  # the plain residual sum
             for block in self.transformer.h:
