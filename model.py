@@ -420,11 +420,9 @@ class GPT(nn.Module):
         cache, prompt_len = None, idx.size(1)
         for _ in range(max_new_tokens):
             if use_cache and idx.size(1) <= self.config.block_size:
-                if cache is None:
-                    cache = KVCache(self.config)
-                    logits, _ = self(idx, cache=cache)
-                else:
-                    logits, _ = self(idx[:, -1:], cache=cache)
+                feed = idx if cache is None else idx[:, -1:]  # the prompt once, then one token a step
+                cache = KVCache(self.config) if cache is None else cache
+                logits, _ = self(feed, cache=cache)
             else:
                 logits, _ = self(idx[:, -self.config.block_size:])
             logits = logits[:, -1, :] / max(temperature, 1e-8)
@@ -468,12 +466,12 @@ class GPT(nn.Module):
         return 3 * self.flops_per_token(seq_len) * tokens_per_iter / dt / peak_flops
 
     def configure_optimizers(self, weight_decay, learning_rate, router_lr, betas, device_type, eps=1e-8,
-                             optimizer="adamw", muon_lr=0.02, muon_momentum=0.95):
+                             optimizer="adamw", muon_lr=0.02, muon_momentum=0.95, named_lrs=None):
         """AdamW, three groups (paper App. A): every LIMe Router parameter at router_lr without decay; the other
         nn.Linear weights decayed; the rest (embedding, norms, the relatives' mixing weights) without decay. Each
         group keeps its 'peak_lr'. optimizer='muon': [Muon, AdamW], torch.optim.Muon on the attention and MLP
         matrices (at muon_lr, decayed; lr scaled by sqrt(max(1, rows/cols)), Keller Jordan's original rule), AdamW
-        on everything else as above."""
+        on everything else as above. named_lrs {parameter name: peak lr}: each in a group of its own, without decay."""
         routers = {id(p) for m in self.modules() if isinstance(m, Router) for p in m.parameters()}
         linears = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)}
         linears -= routers | {id(self.transformer.wte.weight)}  # the tied LM head is the embedding
@@ -483,12 +481,14 @@ class GPT(nn.Module):
                         for m in part.modules() if isinstance(m, nn.Linear)} - routers
         elif optimizer != "adamw":
             raise ValueError(f"unknown optimizer '{optimizer}'; choose 'adamw' or 'muon'")
-        groups = {"muon": [], "decay": [], "no_decay": [], "router": []}
-        for p in self.parameters():
-            name = ("muon" if id(p) in matrices else "router" if id(p) in routers
+        named_lrs = named_lrs or {}
+        groups = {"muon": [], "decay": [], "no_decay": [], "router": [], **{n: [] for n in named_lrs}}
+        for n, p in self.named_parameters():
+            name = (n if n in named_lrs else "muon" if id(p) in matrices else "router" if id(p) in routers
                     else "decay" if id(p) in linears else "no_decay")
             groups[name].append(p)
-        settings = dict(decay=(weight_decay, learning_rate), no_decay=(0.0, learning_rate), router=(0.0, router_lr))
+        settings = dict(decay=(weight_decay, learning_rate), no_decay=(0.0, learning_rate), router=(0.0, router_lr),
+                        **{n: (0.0, lr) for n, lr in named_lrs.items()})
         param_groups = [dict(name=name, params=groups[name], weight_decay=wd, lr=lr, peak_lr=lr)
                         for name, (wd, lr) in settings.items() if groups[name]]
         adamw = torch.optim.AdamW(param_groups, betas=betas, eps=eps, fused=device_type == "cuda")

@@ -77,6 +77,7 @@ muon_lr = 0.02             # peak lr of Muon's matrices (optimizer='muon'); the 
 muon_momentum = 0.95
 learning_rate = 2e-3       # peak lr (AdamW)
 router_lr = 1e-2           # peak lr of the LIMe routers (paper: 10x the model's)
+attnres_query_lr = 0.0     # peak lr of Attention Residuals' pseudo-queries w_l; 0.0: learning_rate
 max_iters = 2500
 weight_decay = 0.1
 beta1 = 0.9
@@ -103,7 +104,7 @@ check_ranges({**config, 'init_from': 'hf:DIR' if hf_dir else init_from},
                          'eval_iters'), at_least_0=('max_iters', 'warmup_iters', 'lr_decay_iters', 'seed'),
              choices={'optimizer': ('adamw', 'muon'), 'init_from': ('scratch', 'resume', 'hf:DIR'),
                       'compile': ('auto', True, False)},
-             finite=('router_lr', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'),
+             finite=('router_lr', 'attnres_query_lr', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'),
              positive=('learning_rate', 'muon_lr'), fraction=('dropout', 'beta1', 'beta2', 'muon_momentum'))
 if decay_lr and lr_decay_iters <= warmup_iters:
     raise UserError(f"lr_decay_iters={lr_decay_iters} must be > warmup_iters={warmup_iters} (or set decay_lr=False)")
@@ -177,7 +178,9 @@ if hf_dir is not None:  # the Llama's weights; with router_init='identity' a LIM
     from hf import load_llama
     load_llama(model, hf_dir)
 optimizers = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2), device_type,
-                                        optimizer=optimizer, muon_lr=muon_lr, muon_momentum=muon_momentum)
+                                        optimizer=optimizer, muon_lr=muon_lr, muon_momentum=muon_momentum,
+                                        named_lrs={'attn_res.query': attnres_query_lr} if attnres and attnres_query_lr
+                                        else None)
 optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
 scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
 iter_num, best_val_loss, tokens_seen, flops_seen = 0, float('inf'), 0, 0

@@ -343,6 +343,12 @@ def test_optimizer_groups_hold_every_parameter_once():
                 assert g["weight_decay"] == 0 and "transformer.wte.weight" in group_names
         if kw.get("lime"):
             assert any(g["name"] == "router" for g in opt.param_groups)
+    model = build(attnres="block")  # named_lrs: a parameter in a group of its own, at its own peak, no decay
+    opt = model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu", named_lrs={"attn_res.query": 3e-3})
+    named = [g for g in opt.param_groups if g["name"] == "attn_res.query"]
+    assert len(named) == 1 and named[0]["params"] == [model.attn_res.query]
+    assert named[0]["lr"] == named[0]["peak_lr"] == 3e-3 and named[0]["weight_decay"] == 0
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
 
 
 def test_activation_memory_is_linear_in_depth():

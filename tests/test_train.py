@@ -712,3 +712,14 @@ def test_every_ddp_rank_stops_when_the_out_dir_is_busy(run_copy, data_dir, held)
     assert [p.returncode for p in procs] == [1, 1]
     assert errs[0].splitlines()[0].startswith(want), errs
     assert errs[1].splitlines()[0].startswith(want.replace('error: ', 'error: [rank 1] ')), errs
+
+
+def test_attnres_query_lr_puts_the_pseudo_queries_in_their_own_group(data_dir, tmp_path, run_here):
+    out = str(tmp_path / 'out')
+    assert run_here('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=2',
+                    '--lr_decay_iters=2', '--warmup_iters=0', '--eval_interval=2', '--lime=False', '--attnres=block',
+                    '--attnres_query_lr=5e-3') == 0
+    adamw, = load(out)['optimizer']
+    peaks = {g['name']: (g['peak_lr'], g['weight_decay'], len(g['params'])) for g in adamw['param_groups']}
+    assert peaks.pop('attn_res.query') == (5e-3, 0.0, 1)  # the one (2L, d) parameter, without decay
+    assert {lr for lr, _, _ in peaks.values()} == {3e-3}  # everything else at learning_rate
