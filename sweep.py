@@ -36,8 +36,8 @@ from tqdm import tqdm
 from common import VARIANT_PLAIN, UserError, configure, parse_variant
 from checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, read_log, writable_dir
 from data import arithmetic_tiers
-from sweep_report import (add_compute_multipliers, add_tier_columns, csv_text, fit_power_law, plot_sweep, print_report,
-                          reference_ends)
+from sweep_report import (MULTIPLIERS, add_compute_multipliers, add_tier_columns, csv_text, fit_power_law, plot_sweep,
+                          print_report, reference_ends)
 
 # -----------------------------------------------------------------------------
 # the sweep's config; every other key is a train.py option
@@ -374,7 +374,7 @@ for run in runs:
                  'status': status, 'iters': log[-1]['iter'] if log else None,
                  **{k: state.get(k) for k in ('max_iters', 'lr_decay_iters', 'warmup_iters')},  # the schedule it ran
                  'tokens': final and final['tokens'], 'train_flops': final and final['flops'],
-                 'val_loss': final and final['val_loss'], 'compute_multiplier': None, 'multiplier_note': None,
+                 'val_loss': final and final['val_loss'], **dict.fromkeys(MULTIPLIERS),  # add_compute_multipliers's
                  'wall_time_s': round(state['wall_time_s'], 1) if 'wall_time_s' in state else None,
                  'out_dir': run['dir']})
     if status == 'done' and not run.get('budget'):

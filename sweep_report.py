@@ -116,11 +116,18 @@ def fitted_multiplier(fit, seed, loss, flops):
     need = math.exp((offsets[seed] - math.log(loss)) / b)
     return need / flops, max(need / high, low / need, 1.0)
 
+MULTIPLIERS = ('compute_multiplier', 'multiplier_note', 'time_multiplier')  # add_compute_multipliers's columns
+
 def add_compute_multipliers(rows, curves, fits, reference):
     """Each finished run's compute multiplier and how it was read (row['compute_multiplier'], 'multiplier_note'):
     with fits ({depth: fit_power_law(...)}, from --budgets), off its seed's power law; without, off the reference's
-    own training curve (curves: {(depth, variant, seed): {iter: (FLOPs, val loss)}}; its lr not yet decayed)."""
+    own training curve (curves: {(depth, variant, seed): {iter: (FLOPs, val loss)}}; its lr not yet decayed).
+    Per CPU-second too (row['time_multiplier']): the seconds the reference needs to reach the run's loss (the
+    FLOPs it needs, at its own seconds per FLOP: its wall_time_s / train_flops) over the run's seconds."""
+    refs = {(r['depth'], r['seed']): r for r in rows
+            if (r['variant'], r['status'], r['budget']) == (reference, 'done', None)}
     for row in rows:
+        row['time_multiplier'] = None
         if row['status'] != 'done' or row['variant'] == reference:
             continue
         fit, ref = fits.get(row['depth']), curves.get((row['depth'], reference, row['seed']))
@@ -131,6 +138,10 @@ def add_compute_multipliers(rows, curves, fits, reference):
             row['compute_multiplier'], bound = compute_multiplier([ref[it] for it in sorted(ref)], row['val_loss'],
                                                                   row['train_flops'])
             row['multiplier_note'] = 'lower bound' if bound else 'reference curve'
+        ref = refs.get((row['depth'], row['seed']))
+        if row['compute_multiplier'] is not None and ref and ref.get('wall_time_s') and row.get('wall_time_s'):
+            row['time_multiplier'] = (row['compute_multiplier'] * row['train_flops'] / ref['train_flops']
+                                      * ref['wall_time_s'] / row['wall_time_s'])
 
 def add_tier_columns(rows):
     """On the arithmetic task, each row's arithmetic.py scores (row['tiers']: its per_tier, removed) as columns
@@ -197,7 +208,7 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
     p_holm, tests = dict(zip(p_t, holm(list(p_t.values())))), sum(not math.isnan(p) for p in p_t.values())
     fmt = lambda p: '' if math.isnan(p) else f"{p:.3f}" if p >= 0.001 else '<0.001'
     how = f"fitted over {n_budgets} budgets" if n_budgets else 'off its training curve'
-    last = 'vs majority baseline' if floor_column else f'compute multiplier (x {reference} FLOPs, {how})'
+    last = 'vs majority baseline' if floor_column else f'compute multiplier (x {reference} FLOPs, {how}) | per CPU-s'
     print(f"\n{title}: mean ± 95% interval over seeds, difference to {reference} paired by seed\ntwo-sided p: "
           f"p_t paired t test, p_holm that Holm-adjusted over this table's {tests} "
           f"t tests, p_sign exact sign test (ties dropped)\n{'depth':>5}  {'variant':<16} {'n':>2}  {column:<17}  "
@@ -221,6 +232,9 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
                 mark = '>' if any(r['multiplier_note'] == 'lower bound' for r in mults) else '~' if any(
                     r['multiplier_note'].startswith('extrapolated') for r in mults) else ''
                 extra = f"{mark}{mm:.3f} ± {mh:.3f}"
+                times = [r['time_multiplier'] for r in mults if r.get('time_multiplier') is not None]
+                if times:  # the same, per CPU-second (off wall times: a machine busy with more is noise here)
+                    extra += " | {}{:.3f} ± {:.3f}".format(mark, *mean_ci(times))
             print(f"{line:<110} {extra}".rstrip() if mine else f"{d:>5}  {v:<16}  0  (no finished runs)")
 
 def print_report(rows, depths, variants, fits, n_budgets, tiers):

@@ -30,7 +30,8 @@ import sweep_report
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
         '--eval_iters=2', '--warmup_iters=1', '--log_interval=1', '--compile=False', '--dtype=float32']
 COLUMNS = ['depth', 'variant', 'seed', 'budget', 'status', 'iters', 'max_iters', 'lr_decay_iters', 'warmup_iters',
-           'tokens', 'train_flops', 'val_loss', 'compute_multiplier', 'multiplier_note', 'wall_time_s', 'out_dir']
+           'tokens', 'train_flops', 'val_loss', 'compute_multiplier', 'multiplier_note', 'time_multiplier', 'wall_time_s',
+           'out_dir']
 
 
 def read_csv(path):
@@ -103,6 +104,9 @@ def test_end_to_end_csv_table_multiplier_bar_plot(swept):
             mult, bound = want
             assert float(r['compute_multiplier']) == pytest.approx(mult)
             assert r['multiplier_note'] == ('lower bound' if bound else 'reference curve')
+            ref = by['baseline', s]  # per CPU-second: the reference's seconds for the FLOPs it needs over the run's
+            assert float(r['time_multiplier']) == pytest.approx(mult * int(r['train_flops']) / int(ref['train_flops'])
+                                                                * float(ref['wall_time_s']) / float(r['wall_time_s']))
     assert int(by['lime', 0]['train_flops']) > int(by['baseline', 0]['train_flops'])  # the routers' FLOPs
     # the table: each variant's mean, the lime - baseline difference paired by seed, its interval (t, 1 df)
     line = next(l for l in stdout.splitlines() if re.match(r'\s*2\s+lime\s+2\s', l))
@@ -111,7 +115,9 @@ def test_end_to_end_csv_table_multiplier_bar_plot(swept):
     assert re.search(r'inside seed noise|better|worse', line)
     mults = [float(by['lime', s]['compute_multiplier']) for s in (0, 1)]
     bound = '>' if any(by['lime', s]['multiplier_note'] == 'lower bound' for s in (0, 1)) else ''
-    assert line.split()[-3] == f"{bound}{sum(mults) / 2:.3f}", line
+    assert line.split()[-7] == f"{bound}{sum(mults) / 2:.3f}", line
+    times = [float(by['lime', s]['time_multiplier']) for s in (0, 1)]
+    assert line.split()[-4:-2] == ['|', f"{bound}{sum(times) / 2:.3f}"], line
     # one line per finished run; on the terminal a progress bar, drawn and redrawn
     assert len([l for l in stdout.splitlines() if l.startswith('done ')]) == 4
     assert '\r' in tty and '4/4' in tty

@@ -245,3 +245,19 @@ def test_the_plot_marks_the_reference_s_final_losses(tmp_path):
     finally:
         plt.close('all')
     assert (tmp_path / 'sweep.png').stat().st_size > 0
+
+
+def test_per_cpu_second_multiplier_by_hand(capsys):
+    """Reference curve (100, 3.0), (200, 2.0) FLOPs per seed; lime ends at 2.0 having spent 100 FLOPs (x 2.0 per
+    FLOP). The reference took 10 s for 200 FLOPs (0.05 s per FLOP), lime 8 s: the reference reaches 2.0 in
+    200 FLOPs = 10 s, so per CPU-second lime is 10 / 8 = 1.25."""
+    rows = [dict(row(4, 'baseline', 0, 2.0), train_flops=200, wall_time_s=10.0),
+            dict(row(4, 'lime', 0, 2.0), train_flops=100, wall_time_s=8.0),
+            dict(row(4, 'hc', 0, 2.0), train_flops=100, wall_time_s=None)]  # no wall time: no time multiplier
+    curves = {(4, 'baseline', 0): {1: (100, 3.0), 2: (200, 2.0)}}
+    sweep_report.add_compute_multipliers(rows, curves, {}, 'baseline')
+    assert rows[1]['compute_multiplier'] == pytest.approx(2.0) and rows[1]['time_multiplier'] == pytest.approx(1.25)
+    assert rows[0]['time_multiplier'] is None and rows[2]['time_multiplier'] is None
+    sweep_report.print_table(rows, [4], ['baseline', 'lime', 'hc'], 'val_loss', 'final val loss')
+    lime_line = next(line for line in capsys.readouterr().out.splitlines() if ' lime ' in line)
+    assert lime_line.endswith('2.000 ± nan | 1.250 ± nan')
