@@ -181,6 +181,25 @@ def csv_text(rows):
     writer.writerows(rows)
     return text.getvalue()
 
+def read_rows(*paths):
+    """The finished runs of one or more sweep.csv files as sweep.py's rows (numbers, None where empty), the
+    multipliers empty (add_compute_multipliers fills them); a run (depth, variant, seed, budget) in more than
+    one file is taken from the first. For a table over several sweeps (the reference: the first variant):
+        rows = read_rows('out-a/sweep.csv', 'out-b/sweep.csv'); ref = rows[0]['variant']
+        fits = {16: fit_power_law(reference_ends(rows, ref, 16))}; add_compute_multipliers(rows, {}, fits, ref)
+        print_table(rows, [16], list(dict.fromkeys(r['variant'] for r in rows)), 'val_loss', 'final val loss', 3)"""
+    numbers = dict(depth=int, seed=int, budget=int, tokens=int, train_flops=int, val_loss=float, wall_time_s=float)
+    rows, seen = [], set()
+    for path in paths:
+        with open(path, newline='') as f:
+            for r in csv.DictReader(f):
+                r = {k: None if v == '' else numbers.get(k, str)(v) for k, v in r.items()}
+                key = (r['depth'], r['variant'], r['seed'], r['budget'])
+                if r['status'] == 'done' and key not in seen:
+                    seen.add(key)
+                    rows.append({**r, **dict.fromkeys(MULTIPLIERS)})
+    return rows
+
 def print_fits(rows, fits, reference):
     """The fitted power law per depth and the runs read beyond its range; without fits, what '>' means."""
     for d, fit in fits.items():

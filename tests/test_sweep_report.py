@@ -261,3 +261,25 @@ def test_per_cpu_second_multiplier_by_hand(capsys):
     sweep_report.print_table(rows, [4], ['baseline', 'lime', 'hc'], 'val_loss', 'final val loss')
     lime_line = next(line for line in capsys.readouterr().out.splitlines() if ' lime ' in line)
     assert lime_line.endswith('2.000 ± nan | 1.250 ± nan')
+
+
+def test_read_rows_joins_sweeps_for_one_table(tmp_path, capsys):
+    """Two sweep.csv files: the reference (budgets 150 and 300 at seeds 0, 1, a power law with b = 0.5 and both
+    seeds' offsets equal) in one, lime in the other (with a duplicate reference row, its loss changed: the first
+    file's is kept). lime at 2.0 in 100 FLOPs; the fitted reference reaches 2.0 at 400 FLOPs: multiplier 4."""
+    ref = lambda s, budget, flops: dict(row(16, 'baseline', s, 40 / math.sqrt(flops)), budget=budget,
+                                        train_flops=flops, wall_time_s=1.0)
+    a = [ref(s, b, f) for s in (0, 1) for b, f in ((None, 200), (150, 100))]
+    b = [dict(row(16, 'lime', s, 2.0), train_flops=100, wall_time_s=1.0) for s in (0, 1)]
+    b += [dict(ref(0, None, 200), val_loss=9.0), dict(row(16, 'lime', 2, 3.0), status='failed', train_flops=None)]
+    for name, rows in (('a.csv', a), ('b.csv', b)):
+        (tmp_path / name).write_text(sweep_report.csv_text(rows))
+    rows = sweep_report.read_rows(tmp_path / 'a.csv', tmp_path / 'b.csv')
+    assert [(r['variant'], r['seed'], r['budget']) for r in rows] == [
+        ('baseline', 0, None), ('baseline', 0, 150), ('baseline', 1, None), ('baseline', 1, 150),
+        ('lime', 0, None), ('lime', 1, None)]  # the duplicate and the failed run dropped
+    assert rows[0]['val_loss'] == pytest.approx(40 / math.sqrt(200)) and rows[0]['train_flops'] == 200
+    fits = {16: sweep_report.fit_power_law(sweep_report.reference_ends(rows, 'baseline', 16))}
+    assert fits[16][0] == pytest.approx(0.5)
+    sweep_report.add_compute_multipliers(rows, {}, fits, 'baseline')
+    assert [r['compute_multiplier'] for r in rows[4:]] == pytest.approx([4.0, 4.0])
