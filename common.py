@@ -315,6 +315,20 @@ VARIANT_GRAMMAR = ("components baseline, lime, hc, hc<N>, mhc, denseformer, attn
                    "after '@' (lime@identity); train.py options after '~' (lime~router_lr=0.002)")
 
 
+def variant_name(lime=False, router='full', router_init='paper', hc=0, hc_dynamic=False, mhc='', denseformer=False,
+                 attnres='', mudd=False, moda=False):
+    """The variant name of a model's options, in parse_variant's grammar (without '~' options): 'baseline',
+    'lime', 'lime:first-2+attnres:block', 'mhc:static', 'hc8:dynamic', 'lime@identity', ..."""
+    parts = [] if not lime else ['lime' if router == 'full' else f'lime:{router}']
+    if mhc:
+        parts += ['mhc' if mhc == 'dynamic' else f'mhc:{mhc}'] + ([f'hc{hc}'] if hc != 4 else [])
+    elif hc:
+        parts += [('hc' if hc == 4 else f'hc{hc}') + (':dynamic' if hc_dynamic else '')]
+    parts += ['denseformer'] * bool(denseformer) + ([f"attnres{'' if attnres == 'full' else ':' + attnres}"]
+                                                     if attnres else []) + ['mudd'] * bool(mudd) + ['moda'] * bool(moda)
+    return '+'.join(parts or ['baseline']) + (f'@{router_init}' if lime and router_init != 'paper' else '')
+
+
 def parse_variant(variant):
     """(model options, the '~' options as text) of a variant name. The model options set every key of VARIANT_PLAIN,
     plus router and router_init where the name gives them; GPTConfig checks the values."""

@@ -22,7 +22,7 @@ import dataclasses
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
 from common import UserError, configure, check_ranges, resolve_device, resolve_dtype, autocast, excepthook, \
-    catch_stop_signals, peak_flops as peak_flops_of
+    catch_stop_signals, peak_flops as peak_flops_of, variant_name
 from checkpoint import atomic_save, atomic_write, load_checkpoint, claim_out_dir, check_resume, on_rank_0, \
     check_same_weights, git_commit, CKPT_NAME, CKPT_MARKER
 from data import data_info, get_batch
@@ -212,8 +212,9 @@ if ckpt is not None:
     ckpt_log, ckpt = ckpt.get('log'), None  # its copy of the log (older checkpoints: None); free the mapped file
 flops_per_token = model.flops_per_token(block_size)
 if master:
-    print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, "
-          f"{'LIMe (router ' + router + ')' if lime else 'baseline'}, {flops_per_token / 1e6:.2f} MFLOPs/token "
+    print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, variant "
+          f"{variant_name(lime, router, router_init, hc, hc_dynamic, mhc, denseformer, attnres, mudd, moda)}, "
+          f"{flops_per_token / 1e6:.2f} MFLOPs/token "
           f"forward; device {device}, {ptdtype}, compile {use_compile}")
 raw_model = model  # the plain module: its state_dict has no compile/DDP prefixes
 if use_compile:

@@ -271,3 +271,16 @@ def test_variant_grammar():
                          ('lime~a=1~a=2', "a key is given twice after '~'")]:
         with pytest.raises(common.UserError, match=re.escape(message)):
             parse(bad)
+
+
+def test_variant_name_inverts_parse_variant():
+    """train.py names its model by variant_name; parsing that name gives back the same options."""
+    names = ['baseline', 'lime', 'lime:first-2', 'lime:last-2@identity', 'lime@identity', 'hc', 'hc8', 'hc:dynamic',
+             'hc8:dynamic', 'mhc', 'mhc:static', 'mhc+hc8', 'denseformer', 'attnres', 'attnres:block-4', 'mudd', 'moda',
+             'lime+attnres:block', 'lime:average+mhc:static+denseformer+attnres+mudd+moda@identity']
+    defaults = {'router': 'full', 'router_init': 'paper'}
+    for name in names:
+        opts = {**defaults, **common.parse_variant(name)[0]}
+        assert common.variant_name(**opts) == name
+    assert common.variant_name() == 'baseline'
+    assert common.variant_name(router='first-2', router_init='identity') == 'baseline'  # router options need lime

@@ -110,6 +110,7 @@ def test_log_fields_and_flop_accounting(trained):
     fpt = GPT(GPTConfig(**ck['model_args'])).flops_per_token(ck['model_args']['block_size'])
     tokens_per_iter = 8 * 32 * 1 * 1
     assert f'x 1 accumulation steps x 1 ranks = {tokens_per_iter:,} tokens/iter' in stdout
+    assert 'parameters, variant lime, ' in stdout  # train.py's default model
     for r in log:
         assert r['tokens'] == r['iter'] * tokens_per_iter
         assert r['flops'] == 3 * fpt * r['tokens']
@@ -714,11 +715,12 @@ def test_every_ddp_rank_stops_when_the_out_dir_is_busy(run_copy, data_dir, held)
     assert errs[1].splitlines()[0].startswith(want.replace('error: ', 'error: [rank 1] ')), errs
 
 
-def test_attnres_query_lr_puts_the_pseudo_queries_in_their_own_group(data_dir, tmp_path, run_here):
+def test_attnres_query_lr_puts_the_pseudo_queries_in_their_own_group(data_dir, tmp_path, run_here, capsys):
     out = str(tmp_path / 'out')
     assert run_here('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=2',
                     '--lr_decay_iters=2', '--warmup_iters=0', '--eval_interval=2', '--lime=False', '--attnres=block',
                     '--attnres_query_lr=5e-3') == 0
+    assert 'parameters, variant attnres:block, ' in capsys.readouterr().out  # the startup line names the relative
     adamw, = load(out)['optimizer']
     peaks = {g['name']: (g['peak_lr'], g['weight_decay'], len(g['params'])) for g in adamw['param_groups']}
     assert peaks.pop('attn_res.query') == (5e-3, 0.0, 1)  # the one (2L, d) parameter, without decay
