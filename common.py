@@ -324,8 +324,10 @@ def variant_name(lime=False, router='full', router_init='paper', hc=0, hc_dynami
         parts += ['mhc' if mhc == 'dynamic' else f'mhc:{mhc}'] + ([f'hc{hc}'] if hc != 4 else [])
     elif hc:
         parts += [('hc' if hc == 4 else f'hc{hc}') + (':dynamic' if hc_dynamic else '')]
-    parts += ['denseformer'] * bool(denseformer) + ([f"attnres{'' if attnres == 'full' else ':' + attnres}"]
-                                                     if attnres else []) + ['mudd'] * bool(mudd) + ['moda'] * bool(moda)
+    parts += ['denseformer'] * bool(denseformer)
+    if attnres:
+        parts += ['attnres' if attnres == 'full' else f'attnres:{attnres}']
+    parts += ['mudd'] * bool(mudd) + ['moda'] * bool(moda)
     return '+'.join(parts or ['baseline']) + (f'@{router_init}' if lime and router_init != 'paper' else '')
 
 
