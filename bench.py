@@ -20,9 +20,9 @@ import statistics
 import time
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
-from common import (UserError, autocast, configure, parse_variant, peak_flops as device_peak_flops,
-                    resolve_device, resolve_dtype)
+from common import UserError, autocast, configure, peak_flops as device_peak_flops, resolve_device, resolve_dtype
 from checkpoint import atomic_write, writable_dir
+from variants import parse_variant
 import torch
 from model import GPT, GPTConfig
 
@@ -38,7 +38,7 @@ vocab_size = 256
 block_size = 128          # sequence length T
 batch_size = 8
 # what to run
-variants = 'baseline,lime,hc'  # comma-separated variant names (common.py): lime:average, mhc:static, attnres:block,
+variants = 'baseline,lime,hc'  # comma-separated variant names (variants.py): lime:average, mhc:static, attnres:block,
 #                                lime+attnres:block, ...
 settings = 'mha-eager'    # <mha|gqa|kv<N>>-<eager|compiled|ro>, comma-separated; compiled = torch.compile(
 #                           model, fullgraph=True), ro = the same with mode='reduce-overhead' (CUDA graphs)
@@ -57,7 +57,7 @@ MODES = {'eager': None, 'compiled': 'default', 'ro': 'reduce-overhead'}
 
 
 def variant_config(name, shape):
-    """GPTConfig of a variant name (common.py's grammar: lime, lime:dynamic, lime+hc, attnres:block, ...) at the
+    """GPTConfig of a variant name (variants.py's grammar: lime, lime:dynamic, lime+hc, attnres:block, ...) at the
     given shape; options after '~' must be the model's (GPTConfig), e.g. lime~router_init=identity."""
     overrides, extra = parse_variant(name)
     try:

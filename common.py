@@ -1,6 +1,6 @@
 """What every nanoLIMe script shares: configuration (config files plus --key=value, --help) and the checks of
-its ranges, one-line errors, stop signals, device and dtype, peak FLOP/s, variant names. A run's files are
-checkpoint.py's, the datasets data.py's; this file imports neither, nor any script.
+its ranges, one-line errors, stop signals, device and dtype, peak FLOP/s. A run's files are checkpoint.py's, the
+datasets data.py's, the names of model variants variants.py's; this file imports none of them, nor any script.
 
     from common import UserError, configure, resolve_device, ...
     out_dir = 'out'            # the script's config globals: its defaults
@@ -298,67 +298,3 @@ PEAK_FLOPS = [('H100 PCIe', 756e12), ('H100 NVL', 835e12), ('H100', 989e12), ('H
 def peak_flops(device_name):
     """The dense bf16 peak FLOP/s of a GPU from its name (torch.cuda.get_device_name), or None if unknown."""
     return next((flops for key, flops in PEAK_FLOPS if key in device_name), None)
-
-
-# ----------------------------------------------------------------------------- variants
-# One name for a model variant, the same in bench.py and sweep.py (VARIANT_GRAMMAR tells the user):
-#     component[:mode]  ('+' component[:mode] ...)  [@router_init]  (~key=value ...)
-VARIANT_COMPONENTS = {  # component -> model options; every other relative's option stays at its baseline value
-    'baseline': {}, 'lime': {'lime': True}, 'hc': {'hc': 4}, 'mhc': {'hc': 4, 'mhc': 'dynamic'},
-    'denseformer': {'denseformer': True}, 'attnres': {'attnres': 'full'}, 'mudd': {'mudd': True},
-    'moda': {'moda': True}}
-VARIANT_MODES = {'lime': 'router', 'attnres': 'attnres', 'mhc': 'mhc', 'hc': 'hc_dynamic'}  # what ':' sets
-VARIANT_PLAIN = {'lime': False, 'hc': 0, 'hc_dynamic': False, 'mhc': '', 'denseformer': False, 'attnres': '',
-                 'mudd': False, 'moda': False}  # the baseline: every variant sets all of these
-VARIANT_GRAMMAR = ("components baseline, lime, hc, hc<N>, mhc, denseformer, attnres, mudd, moda joined by '+'; "
-                   "a mode after ':' (lime:first-2, attnres:block, mhc:static, hc:dynamic); LIMe's router init "
-                   "after '@' (lime@identity); train.py options after '~' (lime~router_lr=0.002)")
-
-
-def variant_name(lime=False, router='full', router_init='paper', hc=0, hc_dynamic=False, mhc='', denseformer=False,
-                 attnres='', mudd=False, moda=False):
-    """The variant name of a model's options, in parse_variant's grammar (without '~' options): 'baseline',
-    'lime', 'lime:first-2+attnres:block', 'mhc:static', 'hc8:dynamic', 'lime@identity', ..."""
-    parts = [] if not lime else ['lime' if router == 'full' else f'lime:{router}']
-    if mhc:
-        parts += ['mhc' if mhc == 'dynamic' else f'mhc:{mhc}'] + ([f'hc{hc}'] if hc != 4 else [])
-    elif hc:
-        parts += [('hc' if hc == 4 else f'hc{hc}') + (':dynamic' if hc_dynamic else '')]
-    parts += ['denseformer'] * bool(denseformer)
-    if attnres:
-        parts += ['attnres' if attnres == 'full' else f'attnres:{attnres}']
-    parts += ['mudd'] * bool(mudd) + ['moda'] * bool(moda)
-    return '+'.join(parts or ['baseline']) + (f'@{router_init}' if lime and router_init != 'paper' else '')
-
-
-def parse_variant(variant):
-    """(model options, the '~' options as text) of a variant name. The model options set every key of VARIANT_PLAIN,
-    plus router and router_init where the name gives them; GPTConfig checks the values."""
-    name, *overrides = variant.split('~')
-    pairs = [o.partition('=')[::2] for o in overrides]
-    if any(not k or not v for k, v in pairs):
-        raise UserError(f"variant '{variant}': expected '~key=value' with a train.py option, e.g. lime~router_lr=0.002")
-    extra = dict(pairs)
-    if len(extra) < len(pairs):
-        raise UserError(f"variant '{variant}': a key is given twice after '~'; give each once")
-    name, _, init = name.partition('@')
-    opts = dict(VARIANT_PLAIN)
-    for part in name.split('+'):
-        component, colon, mode = part.partition(':')
-        rate = re.fullmatch(r'hc([1-9]\d*)', component)  # hc0 would be the baseline
-        if component not in VARIANT_COMPONENTS and not rate:
-            close = difflib.get_close_matches(component, list(VARIANT_COMPONENTS), n=1)
-            raise UserError(f"unknown variant '{component}' in '{variant}'"
-                            f"{f'; did you mean {close[0]!r}?' if close else ''}: {VARIANT_GRAMMAR}")
-        opts.update({'hc': int(rate[1])} if rate else VARIANT_COMPONENTS[component])
-        key = VARIANT_MODES.get('hc' if rate else component)
-        if colon and (not key or not mode or key == 'hc_dynamic' and mode != 'dynamic'):
-            modes = ', '.join(f'{c}:<{k}>' for c, k in VARIANT_MODES.items() if k != 'hc_dynamic')
-            raise UserError(f"variant '{variant}': '{part}' takes no such mode; modes: {modes}, hc:dynamic")
-        if colon:
-            opts[key] = True if key == 'hc_dynamic' else mode
-    if init:
-        if not opts['lime']:
-            raise UserError(f"variant '{variant}': a router init ('@') needs lime, e.g. lime@identity")
-        opts['router_init'] = init
-    return opts, extra

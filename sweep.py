@@ -33,11 +33,12 @@ from time import time
 
 from tqdm import tqdm
 
-from common import VARIANT_PLAIN, UserError, configure, parse_variant
+from common import UserError, configure
 from checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, read_log, writable_dir
 from data import arithmetic_tiers
 from sweep_report import (MULTIPLIERS, add_compute_multipliers, add_tier_columns, csv_text, fit_power_law, plot_sweep,
                           print_report, reference_ends)
+from variants import VARIANT_PLAIN, parse_variant
 
 # -----------------------------------------------------------------------------
 # the sweep's config; every other key is a train.py option
@@ -77,7 +78,7 @@ def int_list(key, text, low):
     return values
 
 def variant_options(variant):
-    """train.py options of a variant name (common.py's grammar: lime, lime+hc, lime:first-2, attnres:block,
+    """train.py options of a variant name (variants.py's grammar: lime, lime+hc, lime:first-2, attnres:block,
     lime~router_lr=0.002, ...): the model's options, then those after '~', which may not be the sweep's own."""
     opts, extra = parse_variant(variant)
     if set(extra) & {*PER_RUN, 'out_dir'}:

@@ -22,7 +22,7 @@ import dataclasses
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
 from common import UserError, configure, check_ranges, resolve_device, resolve_dtype, autocast, excepthook, \
-    catch_stop_signals, peak_flops as peak_flops_of, variant_name
+    catch_stop_signals, peak_flops as peak_flops_of
 from checkpoint import atomic_save, atomic_write, load_checkpoint, claim_out_dir, check_resume, on_rank_0, \
     check_same_weights, git_commit, CKPT_NAME, CKPT_MARKER
 from data import data_info, get_batch
@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from model import GPT, GPTConfig
+from variants import variant_name
 
 # -----------------------------------------------------------------------------
 # default config values: a small LIMe model (4 x 128, 0.86M parameters) on shakespeare_char that trains on a

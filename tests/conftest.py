@@ -34,9 +34,13 @@ torch.set_num_threads(1)
 
 def pytest_cmdline_main(config):
     """The tests on every core (pytest-xdist's -n auto) when the plugin is installed and no -n was given; one
-    process without it, so that plain `python -m pytest` works either way (-n0: in this process)."""
+    process without it, so that plain `python -m pytest` works either way (-n0: in this process). A worker that
+    runs out of tests takes some queued for another (--dist worksteal, unless a --dist was given): with xdist's
+    default the tests queued for one worker wait for it while the others idle."""
     if config.pluginmanager.hasplugin('xdist') and config.getoption('numprocesses', None) is None:
         config.option.numprocesses = 'auto'
+        if config.getoption('dist', 'no') == 'no':
+            config.option.dist = 'worksteal'
 
 
 import checkpoint  # noqa: E402

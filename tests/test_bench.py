@@ -208,7 +208,7 @@ def test_shipped_configs_load(name):
 
 # ----------------------------------------------------------------------------- variants, settings, one init
 def test_variant_table():
-    """bench.py reads common.py's variant grammar (its tests: tests/test_common.py) into a GPTConfig."""
+    """bench.py reads variants.py's grammar (its tests: tests/test_variants.py) into a GPTConfig."""
     c = bench.variant_config
     assert not c('baseline', SHAPE).lime and c('baseline', SHAPE).hc == 0
     assert c('lime', SHAPE).lime and c('lime', SHAPE).router == 'full'

@@ -1,7 +1,7 @@
-"""common.py: the choices it makes for the device a run is on; the variant names bench.py and sweep.py read; the
-configuration's --debug flag and every script's --help; how an error reaches the user: one 'error:' line and a
-non-zero exit status (out of memory, a Ctrl-C while torch loads, a DDP rank that lost another), or with --debug
-the traceback; what each option takes, as its default says (configuration)."""
+"""common.py: the choices it makes for the device a run is on; the configuration's --debug flag and every
+script's --help; how an error reaches the user: one 'error:' line and a non-zero exit status (out of memory,
+a Ctrl-C while torch loads, a DDP rank that lost another), or with --debug the traceback; what each option
+takes, as its default says (configuration)."""
 import ast
 import contextlib
 import os
@@ -244,43 +244,3 @@ def test_check_ranges_refuses_each_kind_of_option_out_of_range():
         with pytest.raises(common.UserError) as e:
             common.check_ranges({**good, **bad}, **kinds)
         assert str(e.value) == message
-
-
-# ----------------------------------------------------------------------------- variant names
-def test_variant_grammar():
-    """One name per model variant (bench.py and sweep.py read it): components joined by '+', a mode after ':', the
-    router init after '@', options after '~'; every relative's option set, the unnamed ones to the baseline's."""
-    parse, plain = common.parse_variant, common.VARIANT_PLAIN
-    assert parse('baseline') == (plain, {})
-    assert parse('moda') == ({**plain, 'moda': True}, {}) and parse('mudd') == ({**plain, 'mudd': True}, {})
-    assert parse('lime+hc')[0] == {**plain, 'lime': True, 'hc': 4} and parse('hc8')[0] == {**plain, 'hc': 8}
-    assert parse('hc8:dynamic')[0] == {**plain, 'hc': 8, 'hc_dynamic': True}
-    assert parse('mhc')[0] == {**plain, 'hc': 4, 'mhc': 'dynamic'} == parse('mhc:dynamic')[0]
-    assert parse('mhc:static')[0] == {**plain, 'hc': 4, 'mhc': 'static'}
-    assert parse('attnres')[0] == {**plain, 'attnres': 'full'} and parse('attnres:block')[0]['attnres'] == 'block'
-    assert parse('lime:first-2+attnres:block-4')[0] == {**plain, 'lime': True, 'router': 'first-2',
-                                                        'attnres': 'block-4'}
-    assert parse('lime:last-2@identity')[0] == {**plain, 'lime': True, 'router': 'last-2', 'router_init': 'identity'}
-    assert parse('lime@identity~router_lr=1e-3~weight_decay=0') == (
-        {**plain, 'lime': True, 'router_init': 'identity'}, {'router_lr': '1e-3', 'weight_decay': '0'})
-    for bad, message in [('lim', "unknown variant 'lim' in 'lim'; did you mean 'lime'?"),
-                         ('hc0', "unknown variant 'hc0'"), ('baseline+xyz', "unknown variant 'xyz'"),
-                         ('mudd:x', "'mudd:x' takes no such mode"), ('hc:static', "'hc:static' takes no such mode"),
-                         ('lime:', "'lime:' takes no such mode"), ('hc@identity', "needs lime"),
-                         ('lime~router_lr', "expected '~key=value'"), ('lime~=3', "expected '~key=value'"),
-                         ('lime~a=1~a=2', "a key is given twice after '~'")]:
-        with pytest.raises(common.UserError, match=re.escape(message)):
-            parse(bad)
-
-
-def test_variant_name_inverts_parse_variant():
-    """train.py names its model by variant_name; parsing that name gives back the same options."""
-    names = ['baseline', 'lime', 'lime:first-2', 'lime:last-2@identity', 'lime@identity', 'hc', 'hc8', 'hc:dynamic',
-             'hc8:dynamic', 'mhc', 'mhc:static', 'mhc+hc8', 'denseformer', 'attnres', 'attnres:block-4', 'mudd', 'moda',
-             'lime+attnres:block', 'lime:average+mhc:static+denseformer+attnres+mudd+moda@identity']
-    defaults = {'router': 'full', 'router_init': 'paper'}
-    for name in names:
-        opts = {**defaults, **common.parse_variant(name)[0]}
-        assert common.variant_name(**opts) == name
-    assert common.variant_name() == 'baseline'
-    assert common.variant_name(router='first-2', router_init='identity') == 'baseline'  # router options need lime

@@ -34,15 +34,24 @@ def test_plain_pytest_without_xdist():
     assert p.returncode == 0, p.stdout + p.stderr
 
 
-@pytest.mark.parametrize('plugin, given, want', [(True, None, 'auto'), (True, 0, 0), (True, 3, 3),
-                                                 (False, None, None)])
-def test_every_core_when_xdist_is_there(plugin, given, want):
-    """-n auto where the plugin is installed and no -n was given; a given -n is kept."""
-    option = types.SimpleNamespace(numprocesses=given)
+@pytest.mark.parametrize('plugin, given, dist, want', [
+    (True, None, 'no', ('auto', 'worksteal')), (True, None, 'loadfile', ('auto', 'loadfile')),
+    (True, 0, 'no', (0, 'no')), (True, 3, 'no', (3, 'no')), (False, None, 'no', (None, 'no'))])
+def test_every_core_when_xdist_is_there(plugin, given, dist, want):
+    """-n auto, work stealing, where the plugin is installed and no -n was given; a given -n or --dist is kept
+    (xdist itself turns a given -n's 'no' into its default 'load')."""
+    option = types.SimpleNamespace(numprocesses=given, dist=dist)
     config = types.SimpleNamespace(option=option, pluginmanager=types.SimpleNamespace(hasplugin=lambda name: plugin),
                                    getoption=lambda name, default=None: getattr(option, name, default))
     conftest.pytest_cmdline_main(config)
-    assert option.numprocesses == want
+    assert (option.numprocesses, option.dist) == want
+
+
+def test_the_installed_xdist_steals_work():
+    """requirements.txt's pytest-xdist has --dist worksteal (3.2 and newer), which conftest asks for."""
+    xdist = pytest.importorskip('xdist')
+    import xdist.scheduler
+    assert hasattr(xdist.scheduler, 'WorkStealingScheduling'), f"pytest-xdist {xdist.__version__}: no worksteal"
 
 
 def test_no_test_file_imports_another():

@@ -295,9 +295,9 @@ def test_config_errors(tmp_path, run_here):
 
 
 def test_imports_point_one_way():
-    """The scripts use common.py, checkpoint.py and data.py (and model.py); common.py imports none of the
-    repository's modules, checkpoint.py and data.py only common.py (checkpoint.py model.py too, to build the
-    model), model.py only its plug-ins, relatives.py, which imports nothing of the repository, the scripts'
+    """The scripts use common.py, checkpoint.py, data.py and variants.py (and model.py); common.py imports none
+    of the repository's modules, checkpoint.py, data.py and variants.py only common.py (checkpoint.py model.py
+    too, to build the model), model.py only its plug-ins, relatives.py, which imports nothing of the repository, the scripts'
     libraries only those (representations.py: model.py; sweep_report.py: nothing), and no module of the
     repository imports itself back through others."""
     graph = {}
@@ -310,7 +310,7 @@ def test_imports_point_one_way():
             graph[name[:-3]] = deps
     graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
     assert graph['model'] == {'relatives'} and graph['relatives'] == set() and graph['common'] == set()
-    assert graph['checkpoint'] <= {'common', 'model'} and graph['data'] == {'common'}
+    assert graph['checkpoint'] <= {'common', 'model'} and graph['data'] == graph['variants'] == {'common'}
     assert graph['representations'] <= {'model', 'relatives'} and graph['sweep_report'] == set()
 
     def reaches(start, target, seen=()):

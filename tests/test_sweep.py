@@ -26,6 +26,7 @@ import torch
 from conftest import REPO, child_env, ok, run, script_here
 import common
 import sweep_report
+import variants
 
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
         '--eval_iters=2', '--warmup_iters=1', '--log_interval=1', '--compile=False', '--dtype=float32']
@@ -356,9 +357,9 @@ def test_bad_input_is_refused_before_any_run(run_here, data_dir, tmp_path):
 
 
 def test_variant_names(sweep_fns):
-    """A variant name (common.py's grammar, tested in tests/test_common.py) gives train.py's options: the model's,
+    """A variant name (variants.py's grammar, tested in tests/test_variants.py) gives train.py's options: the model's,
     then those after '~', which may not be the ones the sweep sets per run or its schedule."""
-    options, plain = sweep_fns['variant_options'], common.VARIANT_PLAIN
+    options, plain = sweep_fns['variant_options'], variants.VARIANT_PLAIN
     assert options('baseline') == plain
     assert options('lime:last-2@identity') == {**plain, 'lime': True, 'router': 'last-2', 'router_init': 'identity'}
     assert options('lime~router_lr=0.002') == {**plain, 'lime': True, 'router_lr': '0.002'}  # as on train.py's line
