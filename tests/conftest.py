@@ -32,11 +32,15 @@ sys.path.insert(0, REPO)
 torch.set_num_threads(1)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own (also tryfirst; this file registers later, so runs first)
 def pytest_cmdline_main(config):
     """The tests on every core (pytest-xdist's -n auto) when the plugin is installed and no -n was given; one
     process without it, so that plain `python -m pytest` works either way (-n0: in this process). A worker that
-    runs out of tests takes some queued for another (--dist worksteal, unless a --dist was given): with xdist's
-    default the tests queued for one worker wait for it while the others idle."""
+    runs out of tests takes some queued for another (--dist worksteal, unless a --dist was given), so the
+    suite's long tests do not wait in one worker's queue while another has nothing left. Not in a worker
+    (it has workerinput): a worker would start workers of its own."""
+    if hasattr(config, 'workerinput'):
+        return
     if config.pluginmanager.hasplugin('xdist') and config.getoption('numprocesses', None) is None:
         config.option.numprocesses = 'auto'
         if config.getoption('dist', 'no') == 'no':

@@ -34,17 +34,37 @@ def test_plain_pytest_without_xdist():
     assert p.returncode == 0, p.stdout + p.stderr
 
 
-@pytest.mark.parametrize('plugin, given, dist, want', [
-    (True, None, 'no', ('auto', 'worksteal')), (True, None, 'loadfile', ('auto', 'loadfile')),
-    (True, 0, 'no', (0, 'no')), (True, 3, 'no', (3, 'no')), (False, None, 'no', (None, 'no'))])
-def test_every_core_when_xdist_is_there(plugin, given, dist, want):
+@pytest.mark.parametrize('plugin, given, dist, worker, want', [
+    (True, None, 'no', False, ('auto', 'worksteal')), (True, None, 'loadfile', False, ('auto', 'loadfile')),
+    (True, 0, 'no', False, (0, 'no')), (True, 3, 'no', False, (3, 'no')), (False, None, 'no', False, (None, 'no')),
+    (True, None, 'no', True, (None, 'no'))])
+def test_every_core_when_xdist_is_there(plugin, given, dist, worker, want):
     """-n auto, work stealing, where the plugin is installed and no -n was given; a given -n or --dist is kept
-    (xdist itself turns a given -n's 'no' into its default 'load')."""
+    (xdist itself turns a given -n's 'no' into its default 'load'); an xdist worker is left as it is."""
     option = types.SimpleNamespace(numprocesses=given, dist=dist)
     config = types.SimpleNamespace(option=option, pluginmanager=types.SimpleNamespace(hasplugin=lambda name: plugin),
                                    getoption=lambda name, default=None: getattr(option, name, default))
+    if worker:
+        config.workerinput = {'workerid': 'gw0'}
     conftest.pytest_cmdline_main(config)
     assert (option.numprocesses, option.dist) == want
+
+
+def test_a_plain_pytest_run_is_spread_over_every_core():
+    """The hook above takes effect in a real run: xdist reads -n before collecting, so conftest's hook must run
+    before xdist's (an xdist whose hook ran first quietly left the suite in one process)."""
+    pytest.importorskip('xdist')
+    probe = ("import os, sys, pytest\n"
+             "class Probe:\n"
+             "    @pytest.hookimpl(trylast=True)\n"
+             "    def pytest_configure(self, config):\n"
+             "        print('PROBE', config.option.numprocesses, config.option.dist, len(config.option.tx or []))\n"
+             "sys.exit(pytest.main(['--collect-only', '-qq', '-p', 'no:cacheprovider', 'tests/test_conftest.py'],"
+             " plugins=[Probe()]))\n")
+    p = subprocess.run([sys.executable, '-c', probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    line = next((l for l in p.stdout.splitlines() if l.startswith('PROBE')), p.stdout + p.stderr)
+    workers, dist, tx = line.split()[1:]  # workers: xdist's count of this machine's cores (an int by now)
+    assert workers.isdigit() and int(workers) >= 1 and tx == workers and dist == 'worksteal', line
 
 
 def test_the_installed_xdist_steals_work():
