@@ -32,7 +32,6 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from time import time
 
 from tqdm import tqdm
-
 from common import UserError, configure
 from checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, read_log, writable_dir
 from data import arithmetic_tiers
