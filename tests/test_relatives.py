@@ -587,7 +587,9 @@ def test_moda_matches_the_equations(kw):
 def test_moda_init_and_counts():
     """L - 1 MLPs get a key/value projection, d x 2 H_kv d_h, drawn N(0, 0.02) after the baseline's weights;
     FLOPs: every matmul of a MoDA forward, counted by torch's FlopCounterMode (its attention is plain matmuls,
-    the sequence part over the full T x T as flops_per_token counts it), equals flops_per_token."""
+    the sequence part over the full T x T as flops_per_token counts it), plus the depth reads' products (one
+    multiply-add per d_h for each query, depth key and depth value it reads, counted here from the number of
+    depth keys each layer found) equals flops_per_token."""
     from torch.utils.flop_counter import FlopCounterMode
     L, d, H_kv, d_h, T = 4, 32, 2, 8, 16
     base, moda = build(n_layer=L, n_kv_head=H_kv), build(n_layer=L, n_kv_head=H_kv, moda=True)
@@ -596,9 +598,15 @@ def test_moda_init_and_counts():
     w = torch.cat([b.mlp.moda_kv.weight.flatten() for b in moda.transformer.h[:-1]])
     assert abs(w.std().item() - 0.02) < 0.002
     x = torch.randint(0, V, (2, T))
-    with FlopCounterMode(display=False) as counter:
+    depth_reads, attend = [], R.DepthKV.attend
+    def spy(self, attn, q, *args):  # records the depth keys each attention layer reads
+        depth_reads.append(q.numel() * len(self.k))  # (queries x d_h) x depth keys
+        return attend(self, attn, q, *args)
+    with FlopCounterMode(display=False) as counter, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(R.DepthKV, "attend", spy)
         moda(x, x)
-    assert counter.get_total_flops() == moda.flops_per_token(T) * 2 * T
+    assert len(depth_reads) == L and depth_reads[0] == 0  # layer 0 has no earlier sub-layer
+    assert counter.get_total_flops() + 2 * 2 * sum(depth_reads) == moda.flops_per_token(T) * 2 * T  # logits, values
     assert moda.flops_per_token(T) - base.flops_per_token(T) == R.flops(moda.config, T) > 0
 
 
