@@ -561,7 +561,7 @@ class DepthKV:
         G = H // H_kv  # GQA: query head h reads KV head h // G (eq. (2)'s phi)
         S = len(self.k)  # the earlier sub-layers: 2 * layer
         if S:  # each position's G queries against its own S depth keys, per sub-layer: products summed over
-            # d_h (the same as B * H_kv * T matmuls (G x d_h) @ (d_h x 1), which are ~3x slower in eager on a CPU)
+            # d_h: the same as B * H_kv * T tiny matmuls (G x d_h) @ (d_h x 1), which eager runs far slower
             qt = q.view(B, H_kv, G, T, d_h).transpose(2, 3).contiguous()  # (B, H_kv, T, G, d_h)
             depth_logits = torch.stack([(qt * kd.unsqueeze(-2)).sum(-1) for kd in self.k], dim=-1)  # (B, H_kv, T, G, S)
             depth_logits = depth_logits * scale
