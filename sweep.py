@@ -7,11 +7,11 @@ $ python sweep.py config/train_deep_narrow.py --depths=32,64,128 --seeds=0,1,2,3
 
 Each run is `python train.py ... --n_layer=<depth> --seed=<seed> --out_dir=<out_dir>/<variant>-L<depth>-s<seed>`
 plus its variant's options (variant_options) and every key that is not the sweep's own (below). Finished runs
-are skipped, interrupted ones resumed: rerun the same command. Results in out_dir: sweep.csv, sweep.png, and
-tables (sweep_report.py) with 95% intervals over seeds, differences paired by seed (one seed: one data order and,
-per depth, the baseline's init for every run) and each run's compute multiplier: the FLOPs the reference (same
-depth and seed) needs to reach the run's final val loss, over the run's FLOPs, read off a power law fitted to the
-reference's final losses when it is also trained to --budgets=150,300,600 (else off its own training curve).
+are skipped, interrupted ones resumed: rerun the same command. Results in out_dir: sweep.csv (also the rows an
+earlier command wrote there for other runs), sweep.png, tables (sweep_report.py) with 95% intervals over seeds,
+differences paired by seed (a seed: one data order and, per depth, one init for every variant) and each run's
+compute multiplier: the FLOPs the reference (same depth and seed) needs to reach the run's final val loss over
+the run's FLOPs, off a power law fitted to the reference's final losses at --budgets=150,300,600 (else its curve).
 """
 import os
 import re
@@ -35,8 +35,8 @@ from tqdm import tqdm
 from common import UserError, configure
 from checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, read_log, writable_dir
 from data import arithmetic_tiers
-from sweep_report import (MULTIPLIERS, add_compute_multipliers, add_tier_columns, csv_text, fit_power_law, plot_sweep,
-                          print_report, reference_ends)
+from sweep_report import (MULTIPLIERS, add_compute_multipliers, add_tier_columns, csv_text, earlier_rows, fit_power_law,
+                          plot_sweep, print_report, reference_ends)
 from variants import VARIANT_PLAIN, parse_variant
 
 # -----------------------------------------------------------------------------
@@ -385,7 +385,7 @@ for run in runs:
 fits = {d: fit_power_law(reference_ends(rows, reference, d)) for d in depth_list} if budget_list else {}
 add_compute_multipliers(rows, curves, fits, reference)
 tier_list = add_tier_columns(rows)  # arithmetic: a test accuracy per number of operators
-atomic_write(csv_path, lambda f: f.write(csv_text(rows).encode()))
+atomic_write(csv_path, lambda f: f.write(csv_text(rows + earlier_rows(csv_path, rows)).encode()))
 print_report(rows, depth_list, variant_list, fits, len(budget_list), tier_list)
 print(f"CSV: {csv_path}")
 

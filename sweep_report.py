@@ -12,6 +12,7 @@ sweep.csv of your own:
 import csv
 import io
 import math
+import os
 
 # two-sided 95% quantiles of Student's t for 1..30 degrees of freedom
 T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -176,10 +177,35 @@ def csv_text(rows):
     rows = [{**row, 'best_of_arm': best[row['depth'], row['variant'].split('~')[0]][0] == row['variant']
              if row['status'] == 'done' and row['budget'] is None else None} for row in rows]
     text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
     writer.writeheader()
     writer.writerows(rows)
     return text.getvalue()
+
+CSV_NUMBERS = dict(depth=int, seed=int, budget=int, iters=int, max_iters=int, lr_decay_iters=int, warmup_iters=int,
+                   tokens=int, train_flops=int, val_loss=float, compute_multiplier=float, time_multiplier=float,
+                   wall_time_s=float)
+
+def typed(r):
+    """A row read from sweep.csv with its numbers as sweep.py has them (None where empty; acc_<N> and
+    majority_<N> floats; best_of_arm, which csv_text derives, dropped)."""
+    kind = lambda k: CSV_NUMBERS.get(k, float if k.startswith(('acc_', 'majority_')) else str)
+    return {k: None if v == '' else kind(k)(v) for k, v in r.items() if k != 'best_of_arm'}
+
+def earlier_rows(path, rows):
+    """The rows an earlier command wrote into the sweep.csv at path for runs that rows do not have (another
+    command's variants, depths or seeds in the same out_dir) and whose directories are still there, typed as
+    rows are, their multipliers as that command computed them (against its reference): a sweep run in parts
+    keeps every run in its CSV, and best_of_arm spans them all. [] without a readable file."""
+    root, names = os.path.dirname(path), {os.path.basename(r['out_dir']) for r in rows}
+    try:
+        with open(path, newline='') as f:
+            earlier = [typed(r) for r in csv.DictReader(f)]
+    except (OSError, csv.Error, UnicodeDecodeError, ValueError):
+        return []
+    return [{**r, 'out_dir': os.path.join(root, name)} for r in earlier
+            if (name := os.path.basename(r.get('out_dir') or '')) and name not in names
+            and os.path.isdir(os.path.join(root, name))]
 
 def read_rows(*paths):
     """The finished runs of one or more sweep.csv files as sweep.py's rows (numbers, None where empty), the
@@ -188,12 +214,10 @@ def read_rows(*paths):
         rows = read_rows('out-a/sweep.csv', 'out-b/sweep.csv'); ref = rows[0]['variant']
         fits = {16: fit_power_law(reference_ends(rows, ref, 16))}; add_compute_multipliers(rows, {}, fits, ref)
         print_table(rows, [16], list(dict.fromkeys(r['variant'] for r in rows)), 'val_loss', 'final val loss', 3)"""
-    numbers = dict(depth=int, seed=int, budget=int, tokens=int, train_flops=int, val_loss=float, wall_time_s=float)
     rows, seen = [], set()
     for path in paths:
         with open(path, newline='') as f:
-            for r in csv.DictReader(f):
-                r = {k: None if v == '' else numbers.get(k, str)(v) for k, v in r.items()}
+            for r in map(typed, csv.DictReader(f)):
                 key = (r['depth'], r['variant'], r['seed'], r['budget'])
                 if r['status'] == 'done' and key not in seen:
                     seen.add(key)

@@ -190,6 +190,33 @@ def test_rerun_trains_nothing_and_changed_options_are_refused(swept, run_here, c
     assert [r['status'] for r in read_csv(os.path.join(other, 'sweep.csv'))] == ['refused'] * 4
 
 
+def test_a_second_command_keeps_the_first_ones_rows(swept, run_here, capsys, tmp_path):
+    """An arm added to an out_dir by a second command: sweep.csv keeps the first command's rows of the runs it
+    does not name (as written, but for out_dir, which follows the runs, and best_of_arm), best_of_arm spans
+    both commands' settings of arm lime, and a run directory deleted drops its row."""
+    root, args, _, _ = swept
+    both = copy_of(root, tmp_path, 'both')
+    first = {(r['variant'], r['seed']): r for r in read_csv(os.path.join(both, 'sweep.csv'))}
+    second = [a for a in args if not a.startswith(('--variants=', '--out_dir='))]
+    second += ['--variants=baseline,lime~learning_rate=4e-3', f'--out_dir={both}', '--plot=False']
+    assert run_here('sweep.py', *second) == 0
+    assert '2 already done, 0 to evaluate, 0 to resume, 2 to start' in capsys.readouterr().out
+    by = {(r['variant'], r['seed']): r for r in read_csv(os.path.join(both, 'sweep.csv'))}
+    settings = ('lime', 'lime~learning_rate=4e-3')
+    assert sorted(by) == sorted((v, s) for v in ('baseline', *settings) for s in '01')
+    for s in '01':
+        kept, was = by['lime', s], first['lime', s]
+        assert kept['out_dir'] == os.path.join(both, f'lime-L2-s{s}') != was['out_dir']
+        assert {**kept, 'out_dir': '', 'best_of_arm': ''} == {**was, 'out_dir': '', 'best_of_arm': ''}
+    best = min(settings, key=lambda v: sum(float(by[v, s]['val_loss']) for s in '01'))
+    assert {(v, s): by[v, s]['best_of_arm'] for v in settings for s in '01'} == \
+        {(v, s): str(v == best) for v in settings for s in '01'}
+    shutil.rmtree(os.path.join(both, 'lime-L2-s1'))
+    assert run_here('sweep.py', *second, '--report_only=True') == 0
+    assert sorted(r['variant'] + r['seed'] for r in read_csv(os.path.join(both, 'sweep.csv'))) == [
+        'baseline0', 'baseline1', 'lime0', 'lime~learning_rate=4e-30', 'lime~learning_rate=4e-31']
+
+
 def test_a_lower_max_iters_over_longer_runs_is_refused(swept, run_here, capsys, tmp_path):
     """Their evaluation at the lower max_iters is mid-schedule: not the result of a run that long."""
     root, args, _, _ = swept

@@ -283,3 +283,22 @@ def test_read_rows_joins_sweeps_for_one_table(tmp_path, capsys):
     assert fits[16][0] == pytest.approx(0.5)
     sweep_report.add_compute_multipliers(rows, {}, fits, 'baseline')
     assert [r['compute_multiplier'] for r in rows[4:]] == pytest.approx([4.0, 4.0])
+
+
+def test_earlier_rows_are_typed_and_keep_their_columns(tmp_path):
+    """An earlier command's arithmetic rows (acc_1, majority_1) carried into a CSV whose own rows have no tier
+    columns: read back as numbers, written under the union of both commands' columns; a row of a run this
+    command has, or whose directory is gone, is not carried; no file, no rows."""
+    for name in ('lime-L4-s0', 'hc-L4-s0'):
+        (tmp_path / name).mkdir()
+    old = [dict(row(4, v, 0, loss), iters=300, acc_1=acc, majority_1=0.25, out_dir=f'/elsewhere/{v}-L4-s0')
+           for v, loss, acc in (('lime', 2.5, 0.75), ('hc', 2.25, 0.5), ('attnres', 2.0, 1.0))]
+    (tmp_path / 'sweep.csv').write_text(sweep_report.csv_text(old))
+    new = [dict(row(4, 'lime', 0, 2.75), iters=300, out_dir=str(tmp_path / 'lime-L4-s0'))]
+    carried = sweep_report.earlier_rows(str(tmp_path / 'sweep.csv'), new)
+    assert carried == [dict(row(4, 'hc', 0, 2.25), iters=300, acc_1=0.5, majority_1=0.25, multiplier_note=None,
+                            out_dir=str(tmp_path / 'hc-L4-s0'))]
+    lines = sweep_report.csv_text(new + carried).splitlines()
+    assert lines[0].split(',')[-3:] == ['best_of_arm', 'acc_1', 'majority_1']
+    assert lines[1].endswith(',True,,') and lines[2].endswith(',True,0.5,0.25')
+    assert sweep_report.earlier_rows(str(tmp_path / 'missing.csv'), new) == []
