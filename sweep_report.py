@@ -186,7 +186,7 @@ CSV_NUMBERS = dict(depth=int, seed=int, budget=int, iters=int, max_iters=int, lr
                    tokens=int, train_flops=int, val_loss=float, compute_multiplier=float, time_multiplier=float,
                    wall_time_s=float)
 
-def typed(r):
+def parse_row(r):
     """A row read from sweep.csv with its numbers as sweep.py has them (None where empty; acc_<N> and
     majority_<N> floats; best_of_arm, which csv_text derives, dropped)."""
     kind = lambda k: CSV_NUMBERS.get(k, float if k.startswith(('acc_', 'majority_')) else str)
@@ -200,7 +200,7 @@ def earlier_rows(path, rows):
     root, names = os.path.dirname(path), {os.path.basename(r['out_dir']) for r in rows}
     try:
         with open(path, newline='') as f:
-            earlier = [typed(r) for r in csv.DictReader(f)]
+            earlier = [parse_row(r) for r in csv.DictReader(f)]
     except (OSError, csv.Error, UnicodeDecodeError, ValueError):
         return []
     return [{**r, 'out_dir': os.path.join(root, name)} for r in earlier
@@ -217,7 +217,7 @@ def read_rows(*paths):
     rows, seen = [], set()
     for path in paths:
         with open(path, newline='') as f:
-            for r in map(typed, csv.DictReader(f)):
+            for r in map(parse_row, csv.DictReader(f)):
                 key = (r['depth'], r['variant'], r['seed'], r['budget'])
                 if r['status'] == 'done' and key not in seen:
                     seen.add(key)
