@@ -20,9 +20,10 @@ import statistics
 import time
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
-from common import UserError, autocast, configure, peak_flops as device_peak_flops, resolve_device, resolve_dtype
-from checkpoint import atomic_write, writable_dir
-from variants import parse_variant
+from nanolime.common import (UserError, autocast, configure, peak_flops as device_peak_flops, resolve_device,
+                             resolve_dtype)
+from nanolime.checkpoint import atomic_write, writable_dir
+from nanolime.variants import parse_variant
 import torch
 from model import GPT, GPTConfig
 
@@ -38,8 +39,8 @@ vocab_size = 256
 block_size = 128          # sequence length T
 batch_size = 8
 # what to run
-variants = 'baseline,lime,hc'  # comma-separated variant names (variants.py): lime:average, mhc:static, attnres:block,
-#                                lime+attnres:block, ...
+variants = 'baseline,lime,hc'  # comma-separated variant names (nanolime/variants.py): lime:average, mhc:static,
+#                                attnres:block, lime+attnres:block, ...
 settings = 'mha-eager'    # <mha|gqa|kv<N>>-<eager|compiled|ro>, comma-separated; compiled = torch.compile(
 #                           model, fullgraph=True), ro = the same with mode='reduce-overhead' (CUDA graphs)
 interleave = True         # False: one variant at a time (build, time, free), for models that do not fit together
@@ -57,8 +58,8 @@ MODES = {'eager': None, 'compiled': 'default', 'ro': 'reduce-overhead'}
 
 
 def variant_config(name, shape):
-    """GPTConfig of a variant name (variants.py's grammar: lime, lime:dynamic, lime+hc, attnres:block, ...) at the
-    given shape; options after '~' must be the model's (GPTConfig), e.g. lime~router_init=identity."""
+    """GPTConfig of a variant name (nanolime/variants.py's grammar: lime, lime:dynamic, lime+hc, attnres:block, ...) at
+    the given shape; options after '~' must be the model's (GPTConfig), e.g. lime~router_init=identity."""
     overrides, extra = parse_variant(name)
     try:
         return GPTConfig(**shape, **overrides, **extra)

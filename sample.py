@@ -13,9 +13,9 @@ import sys
 import math
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
-from common import UserError, configure, resolve_device, resolve_dtype, autocast
-from checkpoint import load_model, trained_with
-from data import load_codec
+from nanolime.common import UserError, configure, resolve_device, resolve_dtype, autocast
+from nanolime.checkpoint import load_model, trained_with
+from nanolime.data import load_codec
 import torch
 
 # -----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ $ python sweep.py config/train_deep_narrow.py --depths=32,64,128 --seeds=0,1,2,3
 Each run is `python train.py ... --n_layer=<depth> --seed=<seed> --out_dir=<out_dir>/<variant>-L<depth>-s<seed>`
 plus its variant's options (variant_options) and every key that is not the sweep's own (below). Finished runs
 are skipped, interrupted ones resumed: rerun the same command. Results in out_dir: sweep.csv (also the rows an
-earlier command wrote there for other runs), sweep.png, tables (sweep_report.py) with 95% intervals over seeds,
+earlier command wrote there for other runs), sweep.png, tables (nanolime/sweep_report.py) with 95% intervals over seeds,
 differences paired by seed (a seed: one data order and, per depth, one init for every variant) and each run's
 compute multiplier: the FLOPs the reference (same depth and seed) needs to reach the run's final val loss over
 the run's FLOPs, off a power law fitted to the reference's final losses at --budgets=150,300,600 (else its curve).
@@ -32,12 +32,12 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from time import time
 
 from tqdm import tqdm
-from common import UserError, configure
-from checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, read_log, writable_dir
-from data import arithmetic_tiers
-from sweep_report import (MULTIPLIERS, add_compute_multipliers, add_tier_columns, csv_text, earlier_rows, fit_power_law,
-                          plot_sweep, print_report, reference_ends)
-from variants import VARIANT_PLAIN, parse_variant
+from nanolime.common import UserError, configure
+from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, read_log, writable_dir
+from nanolime.data import arithmetic_tiers
+from nanolime.sweep_report import (MULTIPLIERS, add_compute_multipliers, add_tier_columns, csv_text, earlier_rows,
+                                   fit_power_law, plot_sweep, print_report, reference_ends)
+from nanolime.variants import VARIANT_PLAIN, parse_variant
 
 # -----------------------------------------------------------------------------
 # the sweep's config; every other key is a train.py option
@@ -55,7 +55,7 @@ plot = True                # write sweep.png
 report_only = False        # only rebuild the CSV, tables and plot from the runs on disk
 # -----------------------------------------------------------------------------
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
-ARITH_JSON = 'arith_eval_test.json'  # what arithmetic.py writes into a run's directory
+ARITH_JSON = 'arith_eval_test.json'  # what study/arithmetic.py writes into a run's directory
 RUN_STATE = 'sweep.json'   # per run directory: status, the max_iters it finished, wall time
 DDP_ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'GROUP_WORLD_SIZE', 'ROLE_RANK',
            'ROLE_WORLD_SIZE', 'ROLE_NAME', 'MASTER_ADDR', 'MASTER_PORT')
@@ -77,7 +77,7 @@ def int_list(key, text, low):
     return values
 
 def variant_options(variant):
-    """train.py options of a variant name (variants.py's grammar: lime, lime+hc, lime:first-2, attnres:block,
+    """train.py options of a variant name (nanolime/variants.py's grammar: lime, lime+hc, lime:first-2, attnres:block,
     lime~router_lr=0.002, ...): the model's options, then those after '~', which may not be the sweep's own."""
     opts, extra = parse_variant(variant)
     if set(extra) & {*PER_RUN, 'out_dir'}:
@@ -200,7 +200,7 @@ def budget_decay(budget):
     return max(1, round(configs[reference]['lr_decay_iters'] * budget / max_iters))
 
 def scores(run_dir):
-    """arithmetic.py's accuracies per tier of the run's final checkpoint, or None if it has not scored that."""
+    """study/arithmetic.py's accuracies per tier of the run's final checkpoint, or None if it has not scored that."""
     path = os.path.join(run_dir, ARITH_JSON)
     if os.path.exists(path) and os.path.getmtime(path) >= os.path.getmtime(os.path.join(run_dir, CKPT_NAME)):
         return read_json(path).get('per_tier')
@@ -245,18 +245,26 @@ ORPHAN_GUARD = ("import ctypes, os, signal, sys\ntry:\n    ctypes.CDLL(None).prc
                 "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
 
 def child(run, script, args, log_mode):
-    """Exit status of a child writing to <run>/train.log (130: stopping); run['error']: its last line if it failed."""
-    cmd = [sys.executable, os.path.join(os.path.dirname(TRAIN_PY), script), *args]
+    """Exit status of a child writing to <run>/train.log (130: stopping); run['error']: its last line if it failed.
+    `script`: a script at the top of the repository ('train.py'), or a module (study.arithmetic), run as
+    `python -m` with the repository on PYTHONPATH; either from this working directory, to which a run's paths are
+    relative."""
+    if script.endswith('.py'):
+        cmd, extra = [sys.executable, os.path.join(os.path.dirname(TRAIN_PY), script), *args], {}
+    else:
+        cmd = [sys.executable, '-m', script, *args]
+        extra = {'PYTHONPATH': os.pathsep.join(p for p in (os.path.dirname(TRAIN_PY), env.get('PYTHONPATH')) if p)}
     log_path = os.path.join(run['dir'], 'train.log')
-    gpu = {'CUDA_VISIBLE_DEVICES': run['gpu']} if run.get('gpu') is not None else {}
+    if run.get('gpu') is not None:
+        extra['CUDA_VISIBLE_DEVICES'] = run['gpu']
     with open(log_path, log_mode) as out:
-        print(f"$ {shlex.join([*(f'{k}={v}' for k, v in gpu.items()), *cmd])}", file=out, flush=True)
+        print(f"$ {shlex.join([*(f'{k}={v}' for k, v in extra.items()), *cmd])}", file=out, flush=True)
         with lock:
             if stopping.is_set():
                 return 130
             p = procs[run['name']] = subprocess.Popen(  # Ctrl-C reaches it through us
                 [sys.executable, '-c', ORPHAN_GUARD, str(os.getpid()), *cmd[1:]], stdout=out, stderr=subprocess.STDOUT,
-                env={**env, **gpu}, start_new_session=True)
+                env={**env, **extra}, start_new_session=True)
         code = p.wait()
     with lock:
         del procs[run['name']]
@@ -266,7 +274,7 @@ def child(run, script, args, log_mode):
     return code
 
 def train(run):
-    """train.py (resuming from the run's checkpoint if it has one), then on the arithmetic task arithmetic.py."""
+    """train.py (resuming from the run's checkpoint if it has one), then on the arithmetic task study/arithmetic.py."""
     run['gpu'] = free_gpus.get() if gpu_list else None  # never waits: the pool has a worker per GPU
     try:
         os.makedirs(run['dir'], exist_ok=True)
@@ -281,7 +289,7 @@ def train(run):
                      **{k: config[k] for k in ('max_iters', 'lr_decay_iters', 'warmup_iters')}}
             atomic_write(state_path, lambda f: f.write(json.dumps(state).encode()))
         if code == 0 and arithmetic:
-            code = child(run, 'arithmetic.py', [f"--out_dir={run['dir']}"], 'a')
+            code = child(run, 'study.arithmetic', [f"--out_dir={run['dir']}"], 'a')
         return code
     except Exception as e:  # e.g. a full disk: this run failed, the others go on
         run['error'] = f"{run['dir']} was deleted while the sweep ran; rerun the sweep to train it again" if \

@@ -21,17 +21,17 @@ import time
 import dataclasses
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
-from common import UserError, configure, check_ranges, resolve_device, resolve_dtype, autocast, excepthook, \
+from nanolime.common import UserError, configure, check_ranges, resolve_device, resolve_dtype, autocast, excepthook, \
     catch_stop_signals, peak_flops as peak_flops_of
-from checkpoint import atomic_save, atomic_write, load_checkpoint, claim_out_dir, check_resume, on_rank_0, \
+from nanolime.checkpoint import atomic_save, atomic_write, load_checkpoint, claim_out_dir, check_resume, on_rank_0, \
     check_same_weights, git_commit, CKPT_NAME, CKPT_MARKER
-from data import data_info, get_batch
+from nanolime.data import data_info, get_batch
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from model import GPT, GPTConfig
-from variants import variant_name
+from nanolime.variants import variant_name
 
 # -----------------------------------------------------------------------------
 # default config values: a small LIMe model (4 x 128, 0.86M parameters) on shakespeare_char that trains on a
@@ -94,7 +94,7 @@ device = 'auto'            # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', '
 dtype = 'auto'             # 'auto' (CUDA: bfloat16 if supported, else float16; float32 elsewhere), 'float32', ...
 compile = 'auto'           # 'auto' (on CUDA only), True or False
 seed = 1337
-peak_flops = 0.0           # per-device peak FLOP/s for MFU; 0.0: from the GPU's name (common.py), none on CPU
+peak_flops = 0.0           # per-device peak FLOP/s for MFU; 0.0: from the GPU's name (nanolime/common.py), none on CPU
 # -----------------------------------------------------------------------------
 config = configure(globals())
 hf_dir = init_from[len('hf:'):] if init_from.startswith('hf:') else None  # a Llama's folder to start from
@@ -126,7 +126,7 @@ if total_batch_size % tokens_per_micro_step:
 grad_accum = total_batch_size // tokens_per_micro_step
 ddir, meta, sizes = data_info(dataset, data_dir, block_size)
 if hf_dir is not None:  # the model's shape is the Llama's (LIMe's routers, if any, are added to it)
-    from hf import llama_model_args
+    from integrations.hf import llama_model_args
     llama = llama_model_args(hf_dir)
     vocab = llama.pop('vocab_size')
     if vocab != int(meta['vocab_size']):
@@ -176,7 +176,7 @@ commit = git_commit()
 torch.manual_seed(seed)
 model = GPT(gptconf).to(device)
 if hf_dir is not None:  # the Llama's weights; with router_init='identity' a LIMe computes the same function
-    from hf import load_llama
+    from integrations.hf import load_llama
     load_llama(model, hf_dir)
 optimizers = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2), device_type,
                                         optimizer=optimizer, muon_lr=muon_lr, muon_momentum=muon_momentum,

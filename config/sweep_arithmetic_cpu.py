@@ -3,7 +3,7 @@
 #
 # $ python prepare.py arithmetic-2 --samples=6000    # tier 2: expressions with 2 operators
 # $ python sweep.py config/sweep_arithmetic_cpu.py   # -> out-sweep-arithmetic/: sweep.csv, tables
-# After training, the sweep evaluates every run with arithmetic.py (greedy decoding of the 1,000 test
+# After training, the sweep evaluates every run with study/arithmetic.py (greedy decoding of the 1,000 test
 # examples) and tabulates the accuracy with its interval over seeds, next to the majority baseline
 # (always answering the most common result, ~11%): "above" only when the whole interval is above it.
 #

@@ -2,7 +2,7 @@
 #   python prepare.py arithmetic                       # data/arithmetic: 50k examples per tier (4, 5, 6 operators)
 #   python train.py config/train_arithmetic.py         # LIMe   -> out-arithmetic
 #   python train.py config/train_arithmetic.py --lime=False --out_dir=out-arithmetic-base   # LLaMA baseline
-#   python arithmetic.py --out_dir=out-arithmetic      # greedy accuracy per tier on the test split
+#   python -m study.arithmetic --out_dir=out-arithmetic # greedy accuracy per tier on the test split
 #
 # Paper: 4 layers, 4 heads, d = 32, 50,000 samples per operand count, 200 epochs
 # (~1.7B tokens: one epoch of data/arithmetic is ~8.4M tokens), lr 1e-3 with LINEAR decay.

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 import bench  # noqa: E402
 from bench import build_model, measure_memory, parse_settings, train_step  # noqa: E402
-from common import UserError, autocast, configure, resolve_device, resolve_dtype  # noqa: E402
+from nanolime.common import UserError, autocast, configure, resolve_device, resolve_dtype  # noqa: E402
 
 # ----------------------------------------------------------------------------- config
 # bench.py's keys and defaults (model shape, variants, settings, device, ...), so its config files work here

@@ -59,8 +59,8 @@ def missing_requirements():
 if __name__ == '__main__' and missing_requirements():
     sys.exit(f"error: dev/gpu_check.py needs {', '.join(missing_requirements())}, not installed here: "
              "pip install -r requirements.txt")
-from common import UserError, configure, peak_flops  # noqa: E402
-from checkpoint import atomic_write, lock_dir, read_log, writable_dir  # noqa: E402
+from nanolime.common import UserError, configure, peak_flops  # noqa: E402
+from nanolime.checkpoint import atomic_write, lock_dir, read_log, writable_dir  # noqa: E402
 
 # ----------------------------------------------------------------------------- config
 out_dir = 'gpu-check'     # the reports, the benchmarks' JSON, logs/

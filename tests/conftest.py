@@ -47,9 +47,9 @@ def pytest_cmdline_main(config):
             config.option.dist = 'worksteal'
 
 
-import checkpoint  # noqa: E402
-import common  # noqa: E402
-import data  # noqa: E402
+from nanolime import checkpoint  # noqa: E402
+from nanolime import common  # noqa: E402
+from nanolime import data  # noqa: E402
 import model  # noqa: E402
 import prepare  # noqa: E402
 from model import GPT, GPTConfig, KVCache  # noqa: E402
@@ -84,9 +84,11 @@ def child_env(**extra):
 
 
 def run(cmd, *args, env=None, timeout=600, **popen):
-    """A script of the repository (or a command, as a list) run as a subprocess from the repository: its
-    CompletedProcess, its output decoded as written (a text-mode pipe would turn '\r' into '\n')."""
-    cmd = [sys.executable, cmd] if isinstance(cmd, str) else cmd
+    """A script of the repository ('train.py'), a module of its packages run with -m ('study.analyze'), or a
+    command (a list), run as a subprocess from the repository: its CompletedProcess, its output decoded as written
+    (a text-mode pipe would turn '\r' into '\n')."""
+    if isinstance(cmd, str):
+        cmd = [sys.executable, cmd] if cmd.endswith('.py') else [sys.executable, '-m', cmd]
     p = subprocess.run([*cmd, *args], cwd=REPO, env=child_env(**(env or {})), timeout=timeout,
                        **(popen or {'capture_output': True}))
     p.stdout, p.stderr = (x.decode() if isinstance(x, bytes) else x for x in (p.stdout, p.stderr))
@@ -141,7 +143,8 @@ def tiny_data_dir(tmp_path_factory):
 
 
 def script_here(script, *args, env=None, capture=True):
-    """The script run in this process as `python <script> <args>` runs it from another directory, without
+    """The script run in this process as `python <script> <args>` runs it from another directory (a module's
+    file, study/analyze.py: as `python -m study.analyze <args>` with the repository on PYTHONPATH), without
     the seconds a fresh Python spends importing torch: (exit status, stdout, stderr), its output kept from
     the terminal unless capture=False. A UserError (what the user would see as one 'error:' line)
     propagates. For the messages and what a script does and writes; what only a process shows (the
@@ -172,7 +175,8 @@ def script_here(script, *args, env=None, capture=True):
 
 @pytest.fixture
 def run_here():
-    """run_here('prepare.py', *args): script_here for a test, its output left to capsys: the exit status."""
+    """run_here('prepare.py', *args) (or 'study/analyze.py', a module's file: `python -m study.analyze` in this
+    process): script_here for a test, its output left to capsys: the exit status."""
     return lambda script, *args: script_here(script, *args, capture=False)[0]
 
 
@@ -349,8 +353,8 @@ def held(monkeypatch):
 # Module.__init__), and the process-wide settings the scripts read or set.
 ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'NANOLIME_DEBUG',
        'NANOLIME_CHECK_ONLY', 'HF_ENDPOINT', 'HF_HUB_OFFLINE', 'HF_DATASETS_OFFLINE')
-SCRIPTS = ('common', 'checkpoint', 'data', 'model', 'prepare', 'arithmetic', 'train', 'sample', 'bench', 'sweep',
-           'analyze', 'eval')
+SCRIPTS = ('nanolime.common', 'nanolime.checkpoint', 'nanolime.data', 'model', 'prepare', 'study.arithmetic', 'train',
+           'sample', 'bench', 'sweep', 'study.analyze', 'integrations.eval')
 
 
 def _settable(obj, name):

@@ -1,4 +1,4 @@
-"""Tests for analyze.py: end-to-end runs on tiny checkpoints with a tiny char dataset, the runs' names, the
+"""Tests for study/analyze.py: end-to-end runs on tiny checkpoints with a tiny char dataset, the runs' names, the
 user's errors (the measures themselves: test_representations.py)."""
 import importlib.util
 import json
@@ -13,11 +13,11 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import analyze  # noqa: E402
-import common  # noqa: E402
+from study import analyze  # noqa: E402
+from nanolime import common  # noqa: E402
 from conftest import run  # noqa: E402
 import relatives  # noqa: E402
-import representations  # noqa: E402
+from study import representations  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 
@@ -28,10 +28,11 @@ WORDS = ['is', 'are', 'was', 'were']
 
 @pytest.fixture
 def analyze_here(run_here, capsys):
-    """analyze.py run in this process (as `python analyze.py <args>` from another directory): its stdout."""
+    """study/analyze.py run in this process (as `python -m study.analyze <args>` from another directory): its
+    stdout."""
     def run(*args):
         capsys.readouterr()
-        assert run_here('analyze.py', *args) == 0
+        assert run_here('study/analyze.py', *args) == 0
         return capsys.readouterr().out
     return run
 
@@ -145,7 +146,7 @@ def test_analyze_without_data_without_model_and_errors(tmp_path, analyze_here, r
     sweep = (tmp_path / 'sweep' / 'depth_sweep.csv').read_text().splitlines()
     assert sweep[1].startswith('out-nodata,LIMe,3,') and sweep[2].startswith('out-logonly,unknown,,')
     with pytest.raises(common.UserError, match='^name the runs to analyze'):  # one line for the user
-        run_here('analyze.py', '--num_tokens=8')
+        run_here('study/analyze.py', '--num_tokens=8')
 
 
 @pytest.mark.parametrize('kw', [dict(attnres='full'), dict(hc=2, mhc='dynamic', lime=True), dict(denseformer=True),
@@ -194,15 +195,14 @@ def test_a_dataset_of_another_vocabulary_is_named_so(tmp_path, analyze_here):
 
 
 def test_out_of_memory_advice_is_analyze_s(tmp_path):
-    """analyze.py out of memory: its own knobs, not train.py's batch_size advice (the error faked)."""
-    code = ("import runpy, sys, torch\nimport analyze_oom_patch\n"
-            "sys.argv = ['analyze.py', *sys.argv[1:]]\nrunpy.run_path('analyze.py', run_name='__main__')\n")
-    (tmp_path / 'analyze_oom_patch.py').write_text(
+    """study/analyze.py out of memory: its own knobs, not train.py's batch_size advice (the error faked, by a
+    sitecustomize module on PYTHONPATH), run as `python -m study.analyze`."""
+    (tmp_path / 'sitecustomize.py').write_text(
         "import numpy\ndef boom(*a, **k):\n    raise MemoryError()\nnumpy.memmap = boom\n")
     meta = make_dataset(tmp_path / 'data')
     save_run(tmp_path / 'out', dict(block_size=64, vocab_size=meta['vocab_size'], n_layer=2, n_head=4, n_embd=32, lime=False),
              'tiny_char', compiled_prefix=False)
-    p = run([sys.executable, '-c', code], str(tmp_path / 'out'), f'--data_dir={tmp_path / "data"}',
+    p = run('study.analyze', str(tmp_path / 'out'), f'--data_dir={tmp_path / "data"}',
             env={'PYTHONPATH': str(tmp_path)})
     assert p.returncode == 1 and p.stderr.strip().splitlines() == [
         "error: out of memory: lower num_tokens, context, max_per_word or batch_size, or analyze on another device "
@@ -212,9 +212,9 @@ def test_out_of_memory_advice_is_analyze_s(tmp_path):
 @pytest.mark.parametrize('arg, message', [('--renyi_order=0', 'renyi_order=0.0 must be a finite number > 0'),
                                           ('--renyi_order=1e999', 'renyi_order=inf must be a finite number > 0')])
 def test_the_renyi_order_is_named_as_what_it_is(arg, message, tmp_path, run_here):
-    """analyze.py's order of the Renyi entropy (the paper's alpha, Sec. 5.2) is renyi_order: alpha is HC's."""
+    """study/analyze.py's order of the Renyi entropy (the paper's alpha, Sec. 5.2) is renyi_order: alpha is HC's."""
     with pytest.raises(common.UserError) as e:
-        run_here('analyze.py', str(tmp_path), arg)
+        run_here('study/analyze.py', str(tmp_path), arg)
     assert str(e.value) == message
     with pytest.raises(common.UserError, match="^unknown config key 'alpha'"):
-        run_here('analyze.py', str(tmp_path), '--alpha=2')
+        run_here('study/analyze.py', str(tmp_path), '--alpha=2')

@@ -1,4 +1,4 @@
-"""Tests for the Arithmetic Expression Task (arithmetic.py); its evaluation's errors leave an earlier result as it
+"""Tests for the Arithmetic Expression Task (study/arithmetic.py); its evaluation's errors leave an earlier result as it
 was.
 
 The step checker here is independent of the generator: it parses both sides
@@ -18,12 +18,12 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import arithmetic as A  # noqa: E402
-import checkpoint  # noqa: E402
-import common  # noqa: E402
-import data  # noqa: E402
+from study import arithmetic as A  # noqa: E402
+from nanolime import checkpoint  # noqa: E402
+from nanolime import common  # noqa: E402
+from nanolime import data  # noqa: E402
 import model  # noqa: E402
-from common import UserError  # noqa: E402
+from nanolime.common import UserError  # noqa: E402
 from conftest import run_script  # noqa: E402
 
 PAPER = '(7+5)/(6+4*3-2*7)=12/(6+4*3-2*7)=12/(6+12-2*7)=12/(18-2*7)=12/(18-14)=12/4=3'
@@ -260,8 +260,9 @@ def test_evaluate_with_oracle():
 
 
 def run_arithmetic(*args):
-    return subprocess.run([sys.executable, os.path.join(ROOT, 'arithmetic.py'), *args], cwd='/',
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    """`python -m study.arithmetic <args>` as a user runs it from another directory: the repository on PYTHONPATH."""
+    return subprocess.run([sys.executable, '-m', 'study.arithmetic', *args], cwd='/', capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=ROOT))
 
 
 def tiny_run(out, data_dir, meta=True):
@@ -297,16 +298,17 @@ def test_cli_end_to_end_tiny_checkpoint(tmp_path, run_here, capsys):
     other = tmp_path / 'other'
     A.prepare(str(other), samples=20, seed=2, n_val=4, n_test=6)
     out = tiny_run(tmp_path / 'out-old', str(data), meta=False)
-    assert run_here('arithmetic.py', f'--out_dir={out}', f'--data_dir={other}', '--split=val') == 0  # here: cheaper
+    assert run_here('study/arithmetic.py', f'--out_dir={out}', f'--data_dir={other}',  # here: cheaper
+                    '--split=val') == 0
     saved = json.load(open(out / 'arith_eval_val.json'))
     assert saved['n'] == 12 and saved['data_dir'] == str(other)
 
 
 def test_cli_errors(tmp_path, run_here):
-    """arithmetic.py's UserErrors (one 'error:' line each for the user: common.excepthook, tested elsewhere)."""
+    """study/arithmetic.py's UserErrors (one 'error:' line each for the user: common.excepthook, tested elsewhere)."""
     def error_of(*args):
         with pytest.raises(common.UserError) as e:
-            run_here('arithmetic.py', *args)
+            run_here('study/arithmetic.py', *args)
         return str(e.value)
     data = tmp_path / 'data' / 'arith_tiny'
     out = tiny_run(tmp_path / 'out', str(data))
@@ -344,10 +346,10 @@ def test_a_result_is_never_replaced_by_the_score_of_nothing(tmp_path):
                         'config': {'dataset': 'arithmetic', 'data_dir': str(tmp_path)}}, str(out / 'ckpt.pt'))
     (out / 'arith_eval_test.json').write_text('an earlier result')
     with pytest.raises(UserError, match=r'max_examples=-1 must be >= 0 \(0: all\)'):
-        run_script('arithmetic.py', f'--out_dir={out}', '--max_examples=-1')
+        run_script('study/arithmetic.py', f'--out_dir={out}', '--max_examples=-1')
     (data / 'test.txt').write_text('')
     with pytest.raises(UserError) as e:
-        run_script('arithmetic.py', f'--out_dir={out}')
+        run_script('study/arithmetic.py', f'--out_dir={out}')
     assert str(e.value) == (f"{data}/test.txt has no examples; rebuild it: python prepare.py arithmetic --force "
                             f"--data_dir={tmp_path} --samples=20 --seed=1")
     assert (out / 'arith_eval_test.json').read_text() == 'an earlier result'

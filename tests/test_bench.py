@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import bench  # noqa: E402
-from common import UserError  # noqa: E402
+from nanolime.common import UserError  # noqa: E402
 
 TINY = ['--n_layer=2', '--n_embd=32', '--n_head=4', '--vocab_size=64', '--block_size=16', '--batch_size=2',
         '--warmup=1', '--iters=2', '--threads=1', '--device=cpu']
@@ -163,7 +163,7 @@ def test_compiled_setting(tmp_path):
     ('--variants=lime,lime', 'distinct'),
 ])
 def test_bad_arguments_are_user_errors_before_any_work(arg, words, monkeypatch, capsys):
-    """In-process (fast): bench.py's own checks raise UserError, which common.py prints as one line."""
+    """In-process (fast): bench.py's own checks raise UserError, which nanolime/common.py prints as one line."""
     monkeypatch.setattr(sys, 'argv', ['bench.py', *TINY, arg])
     monkeypatch.setattr(sys, 'excepthook', sys.excepthook)  # configure() installs its own: restore it after
     with pytest.raises(UserError) as e:
@@ -208,7 +208,7 @@ def test_shipped_configs_load(name):
 
 # ----------------------------------------------------------------------------- variants, settings, one init
 def test_variant_table():
-    """bench.py reads variants.py's grammar (its tests: tests/test_variants.py) into a GPTConfig."""
+    """bench.py reads nanolime/variants.py's grammar (its tests: tests/test_variants.py) into a GPTConfig."""
     c = bench.variant_config
     assert not c('baseline', SHAPE).lime and c('baseline', SHAPE).hc == 0
     assert c('lime', SHAPE).lime and c('lime', SHAPE).router == 'full'

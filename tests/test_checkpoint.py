@@ -1,7 +1,7 @@
-"""checkpoint.py: what a checkpoint records about the code that trained it; loading one (refused in one line when
-it is foreign, damaged, non-finite or of another model; older model options loaded as what they were; a GPU's on a
-CPU); one run per out_dir (its lock) and a trained model replaced only when asked; writes that are atomic (a
-killed save, a full disk, two writers) and leave the previous checkpoint and log whole."""
+"""nanolime/checkpoint.py: what a checkpoint records about the code that trained it; loading one (refused in one
+line when it is foreign, damaged, non-finite or of another model; older model options loaded as what they were; a
+GPU's on a CPU); one run per out_dir (its lock) and a trained model replaced only when asked; writes that are atomic
+(a killed save, a full disk, two writers) and leave the previous checkpoint and log whole."""
 import glob
 import importlib.util
 import os
@@ -12,10 +12,10 @@ import subprocess
 import pytest
 import torch
 
-import checkpoint
-import common
+from nanolime import checkpoint
+from nanolime import common
 import prepare
-from common import UserError
+from nanolime.common import UserError
 from conftest import REPO, TINY_RUN, ckpt_of, error_of, files, log_iters, patched, run, run_script, train
 from model import GPT, GPTConfig
 
@@ -24,7 +24,8 @@ def test_git_commit_of_a_checkout_and_none_elsewhere(tmp_path, monkeypatch):
     head = subprocess.run(['git', '-C', REPO, 'rev-parse', 'HEAD'], capture_output=True, text=True)
     if head.returncode == 0:
         assert checkpoint.git_commit().split('+')[0] == head.stdout.strip()
-    monkeypatch.setattr(checkpoint, '__file__', str(tmp_path / 'checkpoint.py'))  # a copy outside any git checkout
+    # a copy outside any git checkout
+    monkeypatch.setattr(checkpoint, '__file__', str(tmp_path / 'nanolime' / 'checkpoint.py'))
     assert checkpoint.git_commit() is None
     monkeypatch.setenv('PATH', str(tmp_path))  # no git at all
     assert checkpoint.git_commit() is None
@@ -55,15 +56,16 @@ def test_every_loader_refuses_non_finite_weights(data_dir, tmp_path, run_here):
     want = (f"{bad}/ckpt.pt holds non-finite weights (NaN or inf) in transformer.h.0.mlp.up_proj.weight; restore it "
             "from a copy, or train again (train.py --overwrite replaces it)")
     for script, *args in [('sample.py', f'--out_dir={bad}', '--max_new_tokens=2'),
-                          ('analyze.py', str(bad), f'--data_dir={data_dir}'),
-                          ('analyze.py', str(bad), '--no_model=True'),
+                          ('study/analyze.py', str(bad), f'--data_dir={data_dir}'),
+                          ('study/analyze.py', str(bad), '--no_model=True'),
                           ('train.py', f'--out_dir={bad}', *TINY, f'--data_dir={data_dir}', '--max_iters=2',
                            '--decay_lr=False', '--init_from=resume')]:
         with pytest.raises(common.UserError) as e:
             run_here(script, *args)
         assert str(e.value) == want, script
-    if importlib.util.find_spec('lm_eval'):  # eval.py (its optional dependency); a process: it sets HF_* variables
-        p = run('eval.py', f'--out_dir={bad}', '--tasks=arc_easy', '--device=cpu')
+    # integrations/eval.py (its optional dependency); a process: it sets HF_* variables
+    if importlib.util.find_spec('lm_eval'):
+        p = run('integrations.eval', f'--out_dir={bad}', '--tasks=arc_easy', '--device=cpu')
         assert p.returncode == 1 and p.stderr.strip().splitlines() == [f"error: {want}"]
 
 

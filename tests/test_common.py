@@ -1,4 +1,4 @@
-"""common.py: the choices it makes for the device a run is on; the configuration's --debug flag and every
+"""nanolime/common.py: the choices it makes for the device a run is on; the configuration's --debug flag and every
 script's --help; how an error reaches the user: one 'error:' line and a non-zero exit status (out of memory,
 a Ctrl-C while torch loads, a DDP rank that lost another), or with --debug the traceback; what each option
 takes, as its default says (configuration)."""
@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-import common
+from nanolime import common
 from conftest import REPO, TINY_RUN, ckpt_of, fails, launch_ranks, patched, run, script_here
 
 
@@ -79,7 +79,8 @@ def test_out_of_memory_on_the_cpu_is_one_line(monkeypatch, capsys):
 
 # on one rank, at its 6th optimizer step (after the checkpoint of iter 4): a kill, or an error only it sees
 ONE_RANK_STOPS = """
-import os, signal, torch, common
+import os, signal, torch
+from nanolime import common
 _step, _calls = torch.optim.AdamW.step, [0]
 def step(self, *args, **kwargs):
     _calls[0] += 1
@@ -113,16 +114,20 @@ def test_a_rank_that_stops_alone_is_named_by_the_other(stopping, how, data_dir, 
 
 
 # ----------------------------------------------------------------------------- every script's --help and early Ctrl-C
-SCRIPTS = ['train.py', 'sample.py', 'prepare.py', 'sweep.py', 'analyze.py', 'bench.py', 'eval.py', 'arithmetic.py']
+SCRIPTS = ['train.py', 'sample.py', 'prepare.py', 'sweep.py', 'study/analyze.py', 'bench.py', 'integrations/eval.py',
+           'study/arithmetic.py']
 
 
 @pytest.mark.parametrize('flag', ['--help', '-h'])
 @pytest.mark.parametrize('script', SCRIPTS)
 def test_help_says_where_the_options_are(script, flag):
+    """The usage line is the command that runs the script: `python train.py` at the top of the repository,
+    `python -m study.analyze` for a module of its packages."""
     code, out, err = script_here(script, flag)
     assert code == 0 and err == '', err
     text = ' '.join(out.split())
-    assert f"usage: python {script}" in text and f"The options are the globals at the top of {script}" in text
+    command = f"python {script}" if '/' not in script else f"python -m {script[:-3].replace('/', '.')}"
+    assert f"usage: {command} [" in text and f"The options are the globals at the top of {script}" in text
     assert "A config file" in text and "then --key=value sets one" in text
     assert re.search(r'^  debug +=  ?False$', out, re.M)  # the options, with their defaults
 
@@ -186,8 +191,9 @@ def script_defaults(script):
             and isinstance(node.value, ast.Constant) for t in node.targets if isinstance(t, ast.Name)}
 
 
-@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'eval.py', 'prepare.py', 'analyze.py', 'bench.py',
-                                    'arithmetic.py', 'sweep.py', 'export.py', 'dev/bench_detail.py'])
+@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'integrations/eval.py', 'prepare.py', 'study/analyze.py',
+                                    'bench.py', 'study/arithmetic.py', 'sweep.py', 'integrations/export.py',
+                                    'dev/bench_detail.py'])
 def test_every_script_configures_without_lists(script, monkeypatch):
     """What each script's None and 'auto' options take, from the command line and from a config file, with
     configure(globals()) and nothing more: None or a count; 'auto', True, False or a name."""
@@ -195,7 +201,7 @@ def test_every_script_configures_without_lists(script, monkeypatch):
     defaults = script_defaults(script)
     optional = [k for k, v in defaults.items() if v is None]
     auto = [k for k, v in defaults.items() if v == 'auto']
-    assert script not in ('train.py', 'eval.py', 'bench.py') or (optional and auto), defaults
+    assert script not in ('train.py', 'integrations/eval.py', 'bench.py') or (optional and auto), defaults
     for key in optional:
         assert common.configure(dict(defaults), [f'--{key}=4'])[key] == 4
         assert common.configure(dict(defaults), [f'--{key}=4', f'--{key}=None'])[key] is None  # later wins

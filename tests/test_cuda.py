@@ -15,7 +15,7 @@ import torch._dynamo
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-import checkpoint
+from nanolime import checkpoint
 import model as M
 from conftest import ok, run
 from conftest import GROUPINGS, VARIANTS, build, loss_and_grads, plain_router_forward, scramble, step_logits

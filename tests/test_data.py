@@ -1,5 +1,5 @@
-"""data.py: a dataset that is missing, too small for block_size, corrupt, or not plain data is one error line that
-names the command that makes or rebuilds it (and never a wrong fix); no code runs from a dataset's files."""
+"""nanolime/data.py: a dataset that is missing, too small for block_size, corrupt, or not plain data is one error
+line that names the command that makes or rebuilds it (and never a wrong fix); no code runs from a dataset's files."""
 import os
 import pickle
 import shutil
@@ -7,9 +7,9 @@ import shutil
 import numpy as np
 import pytest
 
-import checkpoint
-import data
-from common import UserError
+from nanolime import checkpoint
+from nanolime import data
+from nanolime.common import UserError
 from conftest import TINY_RUN, error_of, train
 
 

@@ -1,5 +1,5 @@
-"""eval.py: the lm-eval adapter against log-probabilities computed directly from the model, end-to-end
-runs of the harness on a tiny local task, and eval.py's one-line errors. Offline, tiny models, seconds."""
+"""integrations/eval.py: the lm-eval adapter against log-probabilities computed directly from the model, end-to-end
+runs of the harness on a tiny local task, and its one-line errors. Offline, tiny models, seconds."""
 import json
 import os
 import subprocess
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 if not os.environ.get("CI"):  # CI installs requirements-eval.txt: there a missing lm-eval fails, not skips
     pytest.importorskip("lm_eval", reason="optional: pip install -r requirements-eval.txt")
-# the tasks here read local JSON files; eval.py's subprocesses run with the hub switched off (see run())
+# the tasks here read local JSON files; integrations/eval.py's subprocesses run with the hub switched off (see run())
 
 import lm_eval  # noqa: E402  (slow: imported once for the module)
 from lm_eval.api.instance import Instance  # noqa: E402
@@ -19,12 +19,12 @@ from lm_eval.api.model import TemplateLM  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
 
-import eval as ev  # noqa: E402  (imported, eval.py only defines its adapter)
-import common  # noqa: E402
-from common import UserError  # noqa: E402
+from integrations import eval as ev  # noqa: E402  (imported, it only defines its adapter)
+from nanolime import common  # noqa: E402
+from nanolime.common import UserError  # noqa: E402
 from conftest import run_script  # noqa: E402
-import data  # noqa: E402
-from checkpoint import atomic_save  # noqa: E402
+from nanolime import data  # noqa: E402
+from nanolime.checkpoint import atomic_save  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -280,19 +280,19 @@ def test_simple_evaluate_local_task(task_dir, tmp_path):
     write_task(d)  # restore for the other tests
 
 
-# ----------------------------------------------------------------------------- eval.py as a user runs it
+# ----------------------------------------------------------------------------- integrations.eval as a user runs it
 def run(*args, env=None, **kw):
     e = dict(os.environ, OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     e.update(env or {})
     for k in [k for k, v in e.items() if v is None] + ["NANOLIME_DEBUG"]:
         e.pop(k, None)
-    return subprocess.Popen([sys.executable, os.path.join(ROOT, "eval.py"), *args], cwd=kw.get("cwd", ROOT),
+    return subprocess.Popen([sys.executable, "-m", "integrations.eval", *args], cwd=kw.get("cwd", ROOT),
                             env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.fixture(scope="module")
 def runs(task_dir, tmp_path_factory):
-    """eval.py where the process itself is tested (without lm-eval; with no network, before lm-eval is
+    """integrations/eval.py where the process itself is tested (without lm-eval; with no network, before lm-eval is
     imported), both started together: each spends seconds importing; and a checkpoint for the others."""
     t = tmp_path_factory.mktemp("runs")
     ckpt_dir = t / "out"
@@ -307,7 +307,7 @@ def runs(task_dir, tmp_path_factory):
     ok = [f"--out_dir={ckpt_dir}", "--device=cpu"]
     procs = {
         "missing": run(*ok, env={"PYTHONPATH": str(t / "shim")}),
-        # no offline switch, but the hub is unreachable (a closed port here): eval.py finds out and says so
+        # no offline switch, but the hub is unreachable (a closed port here): it finds out and says so
         "offline": run(*ok, "--tasks=hub_mc", f"--include_path={hub}",
                        env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_DATASETS_OFFLINE": None, "HF_HUB_OFFLINE": None}),
     }
@@ -317,11 +317,11 @@ def runs(task_dir, tmp_path_factory):
 
 @pytest.fixture
 def eval_here(run_here, monkeypatch):
-    """eval.py run in this process (the hub switched off, as in run()): its UserError propagates."""
+    """integrations/eval.py run in this process (the hub switched off, as in run()): its UserError propagates."""
     for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
         monkeypatch.setenv(v, "1")
     monkeypatch.delenv("NANOLIME_DEBUG", raising=False)
-    return lambda *args: run_here("eval.py", *args)
+    return lambda *args: run_here("integrations/eval.py", *args)
 
 
 def one_error_line(result):
@@ -348,7 +348,7 @@ def test_eval_py_end_to_end(runs, task_dir, eval_here, capsys):
 
 def test_error_lm_eval_missing(runs):
     line = one_error_line(runs[0]["missing"])
-    assert line == "error: eval.py needs lm-eval: pip install -r requirements-eval.txt"
+    assert line == "error: integrations/eval.py needs lm-eval: pip install -r requirements-eval.txt"
 
 
 def test_error_not_our_checkpoint(task_dir, eval_here, tmp_path):
@@ -377,4 +377,4 @@ def test_eval_checks_its_output_before_the_evaluation(short_run, monkeypatch):
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
     monkeypatch.setenv('HF_DATASETS_OFFLINE', '1')
     with pytest.raises(UserError, match=f'cannot write into out_dir={short_run}/ckpt.pt: it is a file'):
-        run_script('eval.py', f'--out_dir={short_run}', '--device=cpu', '--results_file=ckpt.pt/r.json')
+        run_script('integrations/eval.py', f'--out_dir={short_run}', '--device=cpu', '--results_file=ckpt.pt/r.json')

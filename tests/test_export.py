@@ -1,4 +1,5 @@
-"""export.py and train.py --init_from=hf:DIR: our models in transformers and the LIMe authors' layout, and a Llama back.
+"""integrations/export.py and train.py --init_from=hf:DIR: our models in transformers and the LIMe authors' layout,
+and a Llama back.
 
 Tiny models trained a few steps on the small char dataset, exported, loaded with transformers (offline, fp32): the
 same logits (1e-5) and the same greedy tokens as ours. Skipped, with the reason, without requirements-hf.txt.
@@ -14,14 +15,14 @@ import torch
 import torch.nn.functional as F
 
 from conftest import REPO, run, script_here
-import checkpoint
-import data
-from common import UserError
+from nanolime import checkpoint
+from nanolime import data
+from nanolime.common import UserError
 from model import GPT, GPTConfig
 
 transformers = pytest.importorskip('transformers', reason='needs requirements-hf.txt (transformers)')
 safetensors_torch = pytest.importorskip('safetensors.torch', reason='needs requirements-hf.txt (safetensors)')
-import hf  # noqa: E402
+from integrations import hf  # noqa: E402
 
 TINY = ['--device=cpu', '--n_layer=3', '--n_embd=32', '--block_size=32', '--batch_size=8', '--total_batch_size=256',
         '--eval_iters=1', '--eval_interval=4', '--log_interval=4', '--warmup_iters=1', '--lr_decay_iters=4',
@@ -57,7 +58,7 @@ def runs(data_dir, tmp_path_factory):
 
 
 def export(out, to, *args):
-    code, stdout, _ = script_here('export.py', f'--out_dir={out}', f'--to={to}', *args)
+    code, stdout, _ = script_here('integrations/export.py', f'--out_dir={out}', f'--to={to}', *args)
     assert code == 0
     return stdout
 
@@ -261,13 +262,13 @@ def test_refusals(runs, tmp_path, data_dir):
     ]
     for (out, *args), message in cases:
         with pytest.raises(UserError, match=message.replace('(', r'\(').replace(')', r'\)')):
-            script_here('export.py', f'--out_dir={out}', f'--to={tmp_path}/x', *args)
+            script_here('integrations/export.py', f'--out_dir={out}', f'--to={tmp_path}/x', *args)
         assert not os.path.exists(f'{tmp_path}/x')
     full = tmp_path / 'full'
     full.mkdir()
     (full / 'keep.txt').write_text('mine')
     with pytest.raises(UserError, match='exists and is not an empty folder'):
-        script_here('export.py', f'--out_dir={lime}', f'--to={full}')
+        script_here('integrations/export.py', f'--out_dir={lime}', f'--to={full}')
     assert os.listdir(full) == ['keep.txt']
     # import: not a Llama, an unsupported Llama, shapes that differ, another vocabulary
     export(lime, str(tmp_path / 'remote'))
@@ -297,7 +298,7 @@ def test_refusals(runs, tmp_path, data_dir):
 
 
 def test_refusal_is_one_line_in_a_process(runs, tmp_path):
-    p = run('export.py', f'--out_dir={runs("baseline-mha")}', f'--to={tmp_path}/x', '--format=lime-authors')
+    p = run('integrations.export', f'--out_dir={runs("baseline-mha")}', f'--to={tmp_path}/x', '--format=lime-authors')
     assert p.returncode == 1 and p.stderr.startswith('error: ') and p.stderr.count('\n') == 1
 
 
@@ -306,12 +307,13 @@ def test_no_partial_folder_when_the_export_fails(runs, tmp_path, monkeypatch):
         raise OSError(28, 'No space left on device')
     monkeypatch.setattr(hf, 'char_tokenizer', fail)
     with pytest.raises(OSError):
-        script_here('export.py', f'--out_dir={runs("lime-gqa")}', f'--to={tmp_path}/x')
+        script_here('integrations/export.py', f'--out_dir={runs("lime-gqa")}', f'--to={tmp_path}/x')
     assert os.listdir(tmp_path) == []  # neither the folder nor its temp copy
 
 
 def test_export_without_transformers_is_one_line(runs, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, 'transformers', None)  # as if not installed
-    with pytest.raises(UserError, match=r"^export.py needs transformers: pip install -r requirements-hf.txt$"):
-        script_here('export.py', f'--out_dir={runs("lime-gqa")}', f'--to={tmp_path}/x')
+    with pytest.raises(UserError,
+                       match=r"^integrations/export.py needs transformers: pip install -r requirements-hf.txt$"):
+        script_here('integrations/export.py', f'--out_dir={runs("lime-gqa")}', f'--to={tmp_path}/x')
     assert not os.path.exists(f'{tmp_path}/x')

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from conftest import REPO, run, script_here
-import common
-import data
+from nanolime import common
+from nanolime import data
 import prepare
 from model import GPT, GPTConfig
 

@@ -16,9 +16,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import arithmetic  # noqa: E402
-import common  # noqa: E402
-import data  # noqa: E402
+import study  # noqa: E402
+from study import arithmetic  # noqa: E402
+from nanolime import common  # noqa: E402
+from nanolime import data  # noqa: E402
 import prepare  # noqa: E402
 
 EOT = 50256
@@ -258,9 +259,10 @@ def test_dataset_dir_and_names(tmp_path):
 def test_arithmetic_dispatch(tmp_path, run_here, monkeypatch):
     """prepare.py with a stand-in arithmetic module that records what it is asked to do."""
     calls = []
-    fake = types.ModuleType('arithmetic')
+    fake = types.ModuleType('study.arithmetic')
     fake.prepare = lambda out_dir, **kw: calls.append([out_dir, kw])
-    monkeypatch.setitem(sys.modules, 'arithmetic', fake)
+    monkeypatch.setitem(sys.modules, 'study.arithmetic', fake)
+    monkeypatch.setattr(study, 'arithmetic', fake)  # `from study import arithmetic` reads the package's attribute
     for args in (['arithmetic', f'--data_dir={tmp_path}', '--samples=123', '--seed=7', '--force=True'],
                  ['arithmetic', f'--data_dir={tmp_path}'],
                  ['arithmetic-2-3', f'--data_dir={tmp_path}', '--samples=50']):
@@ -295,23 +297,26 @@ def test_config_errors(tmp_path, run_here):
 
 
 def test_imports_point_one_way():
-    """The scripts use common.py, checkpoint.py, data.py and variants.py (and model.py); common.py imports none
-    of the repository's modules, checkpoint.py, data.py and variants.py only common.py (checkpoint.py model.py
-    too, to build the model), model.py only its plug-ins, relatives.py, which imports nothing of the repository, the scripts'
-    libraries only those (representations.py: model.py; sweep_report.py: nothing), and no module of the
-    repository imports itself back through others."""
+    """The scripts use nanolime/'s common.py, checkpoint.py, data.py and variants.py (and model.py); common.py imports
+    none of the repository's modules, checkpoint.py, data.py and variants.py only common.py (checkpoint.py model.py
+    too, to build the model), model.py only its plug-ins, relatives.py, which imports nothing of the repository, the
+    scripts' libraries only those (study/representations.py: model.py; nanolime/sweep_report.py: nothing), and no
+    module of the repository imports itself back through others."""
     graph = {}
-    for name in os.listdir(ROOT):
-        if name.endswith('.py'):
-            with open(os.path.join(ROOT, name)) as f:
-                tree = ast.parse(f.read())
-            deps = {a.name.split('.')[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-            deps |= {n.module.split('.')[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-            graph[name[:-3]] = deps
+    for folder in ('', 'nanolime', 'study', 'integrations'):
+        for name in os.listdir(os.path.join(ROOT, folder)):
+            if name.endswith('.py') and name != '__init__.py':
+                with open(os.path.join(ROOT, folder, name)) as f:
+                    tree = ast.parse(f.read())
+                deps = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+                deps |= {m for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module  # a module or,
+                         for m in (n.module, *(f'{n.module}.{a.name}' for a in n.names))}  # from a package, its own
+                graph['.'.join(filter(None, (folder, name[:-3])))] = deps
     graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
-    assert graph['model'] == {'relatives'} and graph['relatives'] == set() and graph['common'] == set()
-    assert graph['checkpoint'] <= {'common', 'model'} and graph['data'] == graph['variants'] == {'common'}
-    assert graph['representations'] <= {'model', 'relatives'} and graph['sweep_report'] == set()
+    assert graph['model'] == {'relatives'} and graph['relatives'] == set() and graph['nanolime.common'] == set()
+    assert graph['nanolime.checkpoint'] <= {'nanolime.common', 'model'}
+    assert graph['nanolime.data'] == graph['nanolime.variants'] == {'nanolime.common'}
+    assert graph['study.representations'] <= {'model', 'relatives'} and graph['nanolime.sweep_report'] == set()
 
     def reaches(start, target, seen=()):
         return any(d == target or (d not in seen and reaches(d, target, (*seen, d))) for d in graph[start])

@@ -1,5 +1,6 @@
-"""Tests for representations.py: the Renyi entropy, the router map and the linear probe against values worked
-out by hand, and the Recorder against the model's own computation (analyze.py end to end: test_analyze.py)."""
+"""Tests for study/representations.py: the Renyi entropy, the router map and the linear probe against values
+worked out by hand, and the Recorder against the model's own computation (study/analyze.py end to end:
+test_analyze.py)."""
 import math
 import os
 import sys
@@ -10,7 +11,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import representations  # noqa: E402
+from study import representations  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 

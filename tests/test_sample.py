@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from common import UserError
+from nanolime.common import UserError
 from conftest import error_of, script_here
 from model import GPT
 

@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from conftest import REPO, child_env, ok, run, script_here
-import common
-import sweep_report
-import variants
+from nanolime import common
+from nanolime import sweep_report
+from nanolime import variants
 
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
         '--eval_iters=2', '--warmup_iters=1', '--log_interval=1', '--compile=False', '--dtype=float32']
@@ -384,8 +384,8 @@ def test_bad_input_is_refused_before_any_run(run_here, data_dir, tmp_path):
 
 
 def test_variant_names(sweep_fns):
-    """A variant name (variants.py's grammar, tested in tests/test_variants.py) gives train.py's options: the model's,
-    then those after '~', which may not be the ones the sweep sets per run or its schedule."""
+    """A variant name (nanolime/variants.py's grammar, tested in tests/test_variants.py) gives train.py's options: the
+    model's, then those after '~', which may not be the ones the sweep sets per run or its schedule."""
     options, plain = sweep_fns['variant_options'], variants.VARIANT_PLAIN
     assert options('baseline') == plain
     assert options('lime:last-2@identity') == {**plain, 'lime': True, 'router': 'last-2', 'router_init': 'identity'}
@@ -438,8 +438,8 @@ def test_budgets_reuse_finished_runs_and_fit_the_multiplier(swept, run_here, cap
 # ----------------------------------------------------------------------------- arithmetic
 @pytest.fixture(scope='module')
 def arithmetic_swept(tmp_path_factory):
-    """One run on the arithmetic task's tiers 2 and 3, scored by arithmetic.py after training."""
-    import arithmetic
+    """One run on the arithmetic task's tiers 2 and 3, scored by study/arithmetic.py after training."""
+    from study import arithmetic
     tmp = tmp_path_factory.mktemp('arith')
     arithmetic.prepare(str(tmp / 'data' / 'arithmetic-2-3'), samples=200, n_val=20, n_test=10, tiers=(2, 3))
     args = ['--depths=2', '--variants=baseline', '--seeds=0', '--dataset=arithmetic-2-3', f"--data_dir={tmp / 'data'}",
@@ -473,8 +473,11 @@ def test_a_run_without_its_score_is_scored_not_trained_again(arithmetic_swept, r
     assert '0 already done, 1 to evaluate, 0 to resume, 0 to start' in capsys.readouterr().out
     assert os.path.exists(os.path.join(again, 'baseline-L2-s0', 'arith_eval_test.json'))
     with open(os.path.join(again, 'baseline-L2-s0', 'train.log')) as f:
-        commands = [os.path.basename(l.split()[2]) for l in f if l.startswith('$ ')]
-    assert commands == ['train.py', 'arithmetic.py', 'arithmetic.py']
+        logged = [l.split()[1:] for l in f if l.startswith('$ ')]
+    # the script (train.py) or the module (python -m study.arithmetic, the repository on PYTHONPATH) each ran
+    assert [os.path.basename(w[1]) for w in logged[:1]] + [w[3] for w in logged[1:]] == \
+        ['train.py', 'study.arithmetic', 'study.arithmetic']
+    assert all(w[0].startswith(f'PYTHONPATH={REPO}') and w[2] == '-m' for w in logged[1:])
 
 
 # ----------------------------------------------------------------------------- one run per GPU

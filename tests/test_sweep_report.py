@@ -1,5 +1,5 @@
-"""sweep_report.py's statistics, compute multipliers and tables as pure functions of plain data, against numbers
-computed by hand (sweep.py end to end: test_sweep.py)."""
+"""nanolime/sweep_report.py's statistics, compute multipliers and tables as pure functions of plain data, against
+numbers computed by hand (sweep.py end to end: test_sweep.py)."""
 import math
 import re
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import REPO  # noqa: F401  (the repo on sys.path)
-import sweep_report
+from nanolime import sweep_report
 
 
 def test_t_intervals_by_hand():

@@ -28,10 +28,10 @@ import torch.distributed
 
 from conftest import (OPTIMIZERS, REPO, TINY_RUN, child_env, ckpt_of, error_of, fails, files, launch_ranks, log_iters,
                       ok, patched, run, run_script, script_here, train)
-import checkpoint
-import common
+from nanolime import checkpoint
+from nanolime import common
 import model
-from common import UserError
+from nanolime.common import UserError
 from model import GPT, GPTConfig
 
 # 8 sequences x 32 tokens per micro-step, one micro-step per iteration
@@ -487,7 +487,7 @@ def test_a_mistyped_run_directory_is_not_created(short_run, data_dir, tmp_path):
         train(data_dir, typo, '--init_from=resume')
     shutil.copytree(short_run, tmp_path / 'run')
     with pytest.raises(UserError) as e:
-        run_script('analyze.py', typo)
+        run_script('study/analyze.py', typo)
     assert str(e.value) == (f"{typo} is not a run (no ckpt.pt or log.jsonl there); did you mean {tmp_path}/run? "
                             "name the out_dirs of train.py runs")
     assert not os.path.exists(typo)
@@ -558,7 +558,8 @@ def test_a_save_that_fails_keeps_the_previous_checkpoint_and_log(run_copy, data_
 
 # the log's write after the second checkpoint's: the process dies as by `kill -9` before it
 KILL_BEFORE_SECOND_LOG = """
-import os, signal, checkpoint
+import os, signal
+from nanolime import checkpoint
 _write, _logs = checkpoint.atomic_write, [0]
 def atomic_write(path, *args):
     if path.endswith('log.jsonl'):

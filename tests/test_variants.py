@@ -1,10 +1,10 @@
-"""variants.py: the one name of a model variant that bench.py, sweep.py and train.py's log share."""
+"""nanolime/variants.py: the one name of a model variant that bench.py, sweep.py and train.py's log share."""
 import re
 
 import pytest
 
-import variants
-from common import UserError
+from nanolime import variants
+from nanolime.common import UserError
 
 
 def test_variant_grammar():

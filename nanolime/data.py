@@ -9,12 +9,12 @@ import json
 import pickle
 import re
 
-from common import UserError
+from nanolime.common import UserError
 import numpy as np
 import torch
 
 # a dataset is <data_dir>/<name>/{train,val}.bin (uint16 token ids) + meta.pkl, written by prepare.py
-DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data')  # <repo>/data
 DATASETS = ('shakespeare_char', 'shakespeare', 'fineweb_edu', 'arithmetic')
 ARITHMETIC_TIERS = (4, 5, 6)  # the paper's: operators per expression
 GPT2_PATH = os.path.join(DATA_DIR, 'gpt2.tiktoken')

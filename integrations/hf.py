@@ -1,5 +1,6 @@
 """
-Our models in the layouts of other code, and a Llama back into ours: export.py and train.py's --init_from=hf:DIR.
+Our models in the layouts of other code, and a Llama back into ours: integrations/export.py and train.py's
+--init_from=hf:DIR.
 
 A baseline is a plain Llama: transformers' LlamaForCausalLM computes the same function from the same weights (the same
 pre-norm blocks, SwiGLU, GQA, RMSNorm, and RoPE in its half-split convention), once our fused kv_proj is split: its
@@ -15,7 +16,7 @@ import os
 
 import torch
 
-from common import UserError
+from nanolime.common import UserError
 from model import GPTConfig
 
 LLAMA = ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'dropout',
@@ -286,7 +287,7 @@ def gpt2_tokenizer(folder):
     AutoTokenizer.from_pretrained(folder) loads it offline."""
     from tokenizers import Tokenizer, AddedToken, models, pre_tokenizers, decoders
     from transformers import PreTrainedTokenizerFast
-    from data import get_gpt2_encoding, EOT
+    from nanolime.data import get_gpt2_encoding, EOT
     ranks = get_gpt2_encoding()._mergeable_ranks
     b2u = _byte_to_unicode()
     text = lambda b: ''.join(b2u[x] for x in b)  # noqa: E731

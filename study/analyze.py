@@ -2,9 +2,9 @@
 Representation-collapse and training-curve analysis of trained runs
 (paper Sec. 5.2, 5.4, Figs. 1, 2, 4a, 5, 7, 9).
 
-$ python analyze.py out-lime out-base [--save_dir=DIR] [--device=cpu] [--num_tokens=4096]
-                    [--probe_words=is,are,was,were] [--max_per_word=400] [--data_dir=data]
-$ python analyze.py out-results/sc-* --no_model=True --save_dir=DIR   # curves and depth sweep only
+$ python -m study.analyze out-lime out-base [--save_dir=DIR] [--device=cpu] [--num_tokens=4096]
+                          [--probe_words=is,are,was,were] [--max_per_word=400] [--data_dir=data]
+$ python -m study.analyze out-results/sc-* --no_model=True --save_dir=DIR   # curves and depth sweep only
 
 For every out_dir with a ckpt.pt ('model_args', 'model', 'config' incl. 'dataset'),
 on the dataset's val.bin (data/<dataset>/, read with meta.pkl):
@@ -45,13 +45,13 @@ import os
 import sys
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
-from common import UserError, configure, resolve_device
-from checkpoint import CKPT_NAME, load_checkpoint, load_model, read_log, writable_dir
-from data import data_info, load_codec, prepare_hint
+from nanolime.common import UserError, configure, resolve_device
+from nanolime.checkpoint import CKPT_NAME, load_checkpoint, load_model, read_log, writable_dir
+from nanolime.data import data_info, load_codec, prepare_hint
 import numpy as np
 import torch
-from representations import (Recorder, entropy_windows, find_word_positions, renyi_entropy, router_map,
-                             separability)
+from study.representations import (Recorder, entropy_windows, find_word_positions, renyi_entropy, router_map,
+                                   separability)
 
 # config: the bare words are the out_dirs, the rest --key=value (or a config file)
 save_dir = ''          # '' = per-run files into each out_dir, combined files into the first
@@ -268,11 +268,11 @@ def analyze_run(out_dir, model, ckpt):
 
 
 if __name__ == '__main__':
-    # the bare words are the runs to analyze: python analyze.py out-lime out-base --save_dir=...
+    # the bare words are the runs to analyze: python -m study.analyze out-lime out-base --save_dir=...
     out_dirs = [a for a in sys.argv[1:] if not a.startswith('-') and not a.endswith('.py')]
     configure(globals(), [a for a in sys.argv[1:] if a not in out_dirs])
     if not out_dirs:
-        raise UserError("name the runs to analyze: python analyze.py out-lime out-base [--key=value ...]")
+        raise UserError("name the runs to analyze: python -m study.analyze out-lime out-base [--key=value ...]")
     for key in ('num_tokens', 'max_per_word', 'probe_iters', 'batch_size'):
         if globals()[key] < 1:
             raise UserError(f"{key}={globals()[key]} must be >= 1")

@@ -2,7 +2,7 @@
 its ranges, one-line errors, stop signals, device and dtype, peak FLOP/s. A run's files are checkpoint.py's, the
 datasets data.py's, the names of model variants variants.py's; this file imports none of them, nor any script.
 
-    from common import UserError, configure, resolve_device, ...
+    from nanolime.common import UserError, configure, resolve_device, ...
     out_dir = 'out'            # the script's config globals: its defaults
     config = configure(globals())
 """
@@ -179,9 +179,20 @@ def check_ranges(config, at_least_1=(), at_least_0=(), finite=(), positive=(), f
             raise UserError(f"{key}={config[key]} must be in [0, 1)")
 
 
+def script_command(path):
+    """(how the user runs the script at `path`, its file as the help names it): `python -m study.analyze` and
+    study/analyze.py for a module of a package of the repository (a folder with an __init__.py: study/,
+    integrations/), run from the repository's root; `python train.py` and train.py for any other script."""
+    folder, name = os.path.split(os.path.abspath(path))
+    if os.path.isfile(os.path.join(folder, '__init__.py')):
+        package = os.path.basename(folder)
+        return f"python -m {package}.{os.path.splitext(name)[0]}", f"{package}/{name}"
+    return f"python {name}", name
+
+
 def usage(namespace, defaults, positional=None, passes_on=False):
     """--help: the script's docstring, then where its options are: its globals, config files, --key=value."""
-    script = os.path.basename(namespace.get('__file__') or sys.argv[0])
+    command, script = script_command(namespace.get('__file__') or sys.argv[0])
     word = f" [{positional.upper()}]" if positional else ""
     text = (f"The options are the globals at the top of {script}: their defaults, with a comment on each. A config "
             "file (Python, e.g. one in config/) sets any of them; then --key=value sets one (a bool also as a bare "
@@ -191,7 +202,7 @@ def usage(namespace, defaults, positional=None, passes_on=False):
                "them)." if passes_on else ""))
     width = max(len(k) for k in defaults)
     return '\n'.join([(namespace.get('__doc__') or '').strip() + '\n',
-                      f"usage: python {script}{word} [CONFIG.py ...] [--key=value ...]", textwrap.fill(text, 100),
+                      f"usage: {command}{word} [CONFIG.py ...] [--key=value ...]", textwrap.fill(text, 100),
                       "options and their defaults:", *(f"  {k:<{width}} = {v!r}" for k, v in defaults.items())
                       ]).lstrip()
 

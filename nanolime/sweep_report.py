@@ -145,7 +145,7 @@ def add_compute_multipliers(rows, curves, fits, reference):
                                       * ref['wall_time_s'] / row['wall_time_s'])
 
 def add_tier_columns(rows):
-    """On the arithmetic task, each row's arithmetic.py scores (row['tiers']: its per_tier, removed) as columns
+    """On the arithmetic task, each row's study/arithmetic.py scores (row['tiers']: its per_tier, removed) as columns
     acc_<n> and majority_<n> per tier, n operators per expression (None where a run has no score); the tiers'
     n, sorted."""
     tiers = sorted({int(n) for row in rows for n in row.get('tiers', {})})

@@ -1,8 +1,8 @@
 """
 Export a trained nanoLIMe model (out_dir/ckpt.pt) to a folder other code loads (needs requirements-hf.txt).
 
-$ python export.py --out_dir=out-shakespeare-char --to=hf-model
-$ python export.py --out_dir=out-lime --to=lime-authors --format=lime-authors
+$ python -m integrations.export --out_dir=out-shakespeare-char --to=hf-model
+$ python -m integrations.export --out_dir=out-lime --to=lime-authors --format=lime-authors
 
 format='hf': a folder transformers loads with AutoModelForCausalLM.from_pretrained(DIR): a baseline as a plain
 LlamaForCausalLM, LIMe and the other variants as remote code (trust_remote_code=True: model.py beside a thin
@@ -18,9 +18,9 @@ import tempfile
 import dataclasses
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
-from common import UserError, configure
-from checkpoint import load_model
-from data import EOT
+from nanolime.common import UserError, configure
+from nanolime.checkpoint import load_model
+from nanolime.data import EOT
 
 # -----------------------------------------------------------------------------
 out_dir = 'out-shakespeare-char'  # where ckpt.pt is
@@ -29,7 +29,7 @@ format = 'hf'              # 'hf' (transformers) or 'lime-authors' (the LIMe aut
 # -----------------------------------------------------------------------------
 configure(globals())
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: model.py and its siblings
 if format not in ('hf', 'lime-authors'):
     raise UserError(f"format={format!r}: expected 'hf' or 'lime-authors'")
 if not to:
@@ -40,8 +40,8 @@ try:
     import safetensors.torch
     import transformers  # noqa: F401  (the tokenizer files are written with it)
 except ImportError as e:
-    raise UserError(f"export.py needs {e.name}: pip install -r requirements-hf.txt") from None
-import hf
+    raise UserError(f"integrations/export.py needs {e.name}: pip install -r requirements-hf.txt") from None
+from integrations import hf
 
 model, ckpt = load_model(out_dir)
 cfg = dataclasses.asdict(model.config)
@@ -92,7 +92,7 @@ try:
     elif 'stoi' in meta:
         hf.char_tokenizer(tmp, meta)
     else:
-        note = "; no tokenizer: the checkpoint has no vocabulary of a kind export.py knows"
+        note = "; no tokenizer: the checkpoint has no vocabulary of a kind integrations/export.py knows"
     if os.path.isdir(to):
         os.rmdir(to)  # empty (checked above)
     os.rename(tmp, to)

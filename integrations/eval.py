@@ -2,9 +2,9 @@
 Evaluate a nanoLIMe checkpoint on downstream tasks with EleutherAI's LM Evaluation Harness
 (the `lm_eval` package, an optional dependency: pip install -r requirements-eval.txt).
 
-$ python eval.py --out_dir=out-fineweb-edu-1b --tasks=arc_easy,arc_challenge,wic,multirc,qnli --num_fewshot=3
-$ python eval.py --out_dir=out-fineweb-edu-1b --tasks=arc_easy --limit=100       # a quick look
-$ python eval.py --out_dir=out-mine --tasks=my_task --include_path=my_tasks/     # task YAMLs of your own
+$ python -m integrations.eval --out_dir=out-fineweb-edu-1b --tasks=arc_easy,arc_challenge,wic,multirc,qnli --num_fewshot=3
+$ python -m integrations.eval --out_dir=out-fineweb-edu-1b --tasks=arc_easy --limit=100  # a quick look
+$ python -m integrations.eval --out_dir=out-mine --tasks=my_task --include_path=my_tasks/  # task YAMLs of your own
 
 Prints the harness's results table and writes the harness's results JSON next to the checkpoint
 (out_dir/eval_results.json). Scoring follows the harness's own Hugging Face adapter (`lm_eval --model hf`):
@@ -25,9 +25,9 @@ import difflib
 from urllib.parse import urlparse
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
-from common import UserError, configure, resolve_device, resolve_dtype, autocast
-from checkpoint import load_model, atomic_write, writable_dir, trained_with, CKPT_NAME
-from data import load_codec
+from nanolime.common import UserError, configure, resolve_device, resolve_dtype, autocast
+from nanolime.checkpoint import load_model, atomic_write, writable_dir, trained_with, CKPT_NAME
+from nanolime.data import load_codec
 import torch
 import torch.nn.functional as F
 
@@ -76,7 +76,7 @@ try:  # optional: only this script needs it
     from lm_eval.models.utils import normalize_gen_kwargs, handle_stop_sequences, postprocess_generated_text
 except ImportError as e:
     if getattr(e, 'name', None) and e.name.split('.')[0] == 'lm_eval':
-        raise UserError("eval.py needs lm-eval: pip install -r requirements-eval.txt") from None
+        raise UserError("integrations/eval.py needs lm-eval: pip install -r requirements-eval.txt") from None
     raise UserError(f"lm-eval is installed but does not import ({e}); reinstall it: "
                     "pip install -r requirements-eval.txt") from None
 from tqdm import tqdm

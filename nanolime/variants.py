@@ -7,7 +7,7 @@
 import difflib
 import re
 
-from common import UserError
+from nanolime.common import UserError
 
 VARIANT_COMPONENTS = {  # component -> model options; every other relative's option stays at its baseline value
     'baseline': {}, 'lime': {'lime': True}, 'hc': {'hc': 4}, 'mhc': {'hc': 4, 'mhc': 'dynamic'},

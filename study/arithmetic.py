@@ -35,8 +35,8 @@ i.e. ``expression=step=...=result``. Decisions (also in the README):
 
 Usage
     python prepare.py arithmetic [--samples=50000]          # writes data/arithmetic
-    python arithmetic.py --out_dir=out-arithmetic [--split=test] [--max_examples=N]
-                         [--device=cpu] [--batch_size=256] [--data_dir=...]
+    python -m study.arithmetic --out_dir=out-arithmetic [--split=test] [--max_examples=N]
+                               [--device=cpu] [--batch_size=256] [--data_dir=...]
 """
 
 import json
@@ -47,13 +47,13 @@ import re
 import time
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
-from common import UserError, configure, resolve_device
-from checkpoint import atomic_write, load_model, writable_dir
-from data import ARITHMETIC_TIERS, DATA_DIR, arithmetic_tiers, dataset_dir, load_codec, prepare_hint
+from nanolime.common import UserError, configure, resolve_device
+from nanolime.checkpoint import atomic_write, load_model, writable_dir
+from nanolime.data import ARITHMETIC_TIERS, DATA_DIR, arithmetic_tiers, dataset_dir, load_codec, prepare_hint
 import numpy as np
 import torch
 
-# config of the evaluator (python arithmetic.py --key=value); generation and prepare() take arguments
+# config of the evaluator (python -m study.arithmetic --key=value); generation and prepare() take arguments
 out_dir = 'out-arithmetic'  # the run to evaluate: <out_dir>/ckpt.pt
 split = 'test'              # 'test' or 'val': reads <data_dir>/<split>.txt
 data_dir = ''               # the dataset's folder; '' = <ckpt config data_dir or data/>/<ckpt config dataset>

@@ -10,7 +10,7 @@ import glob
 import json
 import tempfile
 
-from common import UserError
+from nanolime.common import UserError
 import torch
 
 CKPT_NAME = 'ckpt.pt'
@@ -170,7 +170,7 @@ def atomic_save(obj, path, then="run again"):
 def git_commit():
     """The git commit of this code, '+dirty' appended when files differ from it; None outside a git checkout."""
     import subprocess
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, above nanolime/
     try:
         commit = subprocess.run(['git', '-C', here, 'rev-parse', 'HEAD'], capture_output=True, text=True, timeout=10)
         if commit.returncode:

@@ -1,0 +1,1 @@
+"""Interop with transformers, lm-eval and the LIMe authors' code."""

@@ -1,0 +1,1 @@
+"""nanoLIMe's plumbing: configuration and errors, checkpoints, datasets, variant names, sweep reports."""
