@@ -1,13 +1,15 @@
 """
 nanoLIMe model: a Llama-style GPT with an optional LIMe router.
 
-LIMe (Layer-Integrated Memory, arXiv 2502.09245): every attention layer keeps its own queries, but builds
-its keys and values as a learned mixture of the keys and values of all layers so far, read from the stacked
-KV (eq. 2). Everything LIMe-specific lives in the section marked "LIMe" below, in the order a reader follows
-it: the Router, route_reference() (eq. 2 as written), the stacked KV (KVStack) and route(), the same sum in
-a form that keeps memory O(L) in depth and that torch.compile traces whole. With lime=False the model is a
-plain pre-norm Llama (RMSNorm, RoPE, SwiGLU, GQA, tied embeddings, no biases). The cross-layer relatives it
-is compared with live in relatives.py and plug in through it.
+With lime=False this is a plain pre-norm Llama: RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query
+attention, tied embeddings, no biases. LIMe (Layer-Integrated Memory, arXiv 2502.09245) changes one thing:
+every attention layer keeps its own queries but builds its keys and values as a learned mixture of the keys
+and values of all layers so far, read from the stacked KV (eq. 2). Everything LIMe-specific is in the section
+marked "LIMe" below, in the order a reader follows it: the Router, eq. (2) as written (route_reference), then
+the same sum as the model computes it (KVStack, route), and the one marked call in Attention.forward.
+
+This file imports nothing of the project. The cross-layer relatives LIMe is compared with (Hyper-Connections,
+mHC, DenseFormer, Attention Residuals, MUDDFormer, MoDA) extend it from outside, in relatives.py.
 """
 
 import math
@@ -17,14 +19,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import relatives
-
 ROUTERS = "full, average, dynamic, last-<j>, first-<j> (j >= 1)"
 
 
 @dataclass
-class GPTConfig(relatives.RelativesConfig):  # the cross-layer relatives' options: relatives.py
-    block_size: int = 256
+class GPTConfig:
+    block_size: int = 256      # context length in tokens
     vocab_size: int = 65
     n_layer: int = 6
     n_head: int = 6
@@ -33,11 +33,12 @@ class GPTConfig(relatives.RelativesConfig):  # the cross-layer relatives' option
     mlp_hidden: int = None     # None: the Llama rule, 8/3 * n_embd rounded up to a multiple of 64
     dropout: float = 0.0
     tie_embeddings: bool = True
-    lime: bool = False         # the paper's method
-    router: str = "full"       # LIMe router variant (paper App. D): ROUTERS
-    router_init: str = "paper"  # 'paper': own-head identity plus U(-b, b) elsewhere; 'identity': zero elsewhere
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6     # RMSNorm's eps: the authors' (transformers' LlamaConfig default)
+    lime: bool = False         # the paper's method
+    router: str = "full"       # LIMe router variant: ROUTERS (full: eq. 2; the others: paper App. D and v1)
+    router_init: str = "paper"  # 'paper': own-head identity plus U(-b, b) elsewhere; 'identity': zero elsewhere
+    route_group_size: int = None  # LIMe's sum by groups of layers (KVStack): None ~sqrt(n_layer); n_layer: one phase
 
     def __post_init__(self):
         if self.n_kv_head is None:
@@ -47,6 +48,8 @@ class GPTConfig(relatives.RelativesConfig):  # the cross-layer relatives' option
         for key in ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'block_size', 'vocab_size'):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
+        if self.route_group_size is not None and self.route_group_size < 1:
+            raise ValueError(f"route_group_size={self.route_group_size} must be >= 1 (or None: about sqrt(n_layer))")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         if self.n_head % self.n_kv_head:
@@ -56,57 +59,26 @@ class GPTConfig(relatives.RelativesConfig):  # the cross-layer relatives' option
         router_layers(self.router, 0)  # raises on an unknown variant
         if self.router_init not in ("paper", "identity"):
             raise ValueError(f"unknown router_init '{self.router_init}'; choose 'paper' or 'identity'")
-        relatives.check(self)  # the relatives' options, and which combine
-
-
-class RMSNorm(nn.Module):
-    """nn.RMSNorm's function and weight, x / sqrt(mean(x^2) + eps) * weight, in float32 at least, its backward
-    written out: an eager CPU step at small widths is bound by its number of ops, and autograd through
-    nn.RMSNorm's pieces takes twice as many."""
-
-    def __init__(self, dim, eps):
-        super().__init__()
-        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return RMSNormGrad.apply(x, self.weight, self.eps)
-
-
-class RMSNormGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        dtype, x = x.dtype, x.to(torch.promote_types(x.dtype, torch.float32))  # bf16, fp16 -> float32
-        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
-        x_hat = x * rstd
-        ctx.save_for_backward(x_hat, rstd, weight)
-        return (x_hat * weight).to(dtype)
-
-    @staticmethod
-    def backward(ctx, grad):  # y = x_hat w, x_hat = x rstd: dx = rstd (g - x_hat mean(g x_hat)), g = grad w
-        x_hat, rstd, weight = ctx.saved_tensors
-        grad = grad.to(x_hat.dtype)  # in place below: a full-size temporary costs a CPU step more than its arithmetic
-        gx = grad * x_hat
-        grad_weight = gx.flatten(0, -2).sum(0).to(weight.dtype)
-        mean = gx.mul_(weight).mean(-1, keepdim=True)  # mean(g x_hat)
-        return (grad * weight).addcmul_(x_hat, mean, value=-1).mul_(rstd), grad_weight, None
 
 
 class RoPE(nn.Module):
-    """Rotary position embedding, half-split: RoPE(x) = x cos + [-x2, x1] sin for x = [x1, x2] (a head's halves),
-    with [-x2, x1] sin written x.roll(d/2) [-sin, sin]: the same products in fewer ops (eager CPU is op-bound)."""
+    """Rotary position embedding (RoFormer), rotate-half form: RoPE(x) = x cos + rotate_half(x) sin, with
+    rotate_half([x1, x2]) = [-x2, x1] for a head's halves x1, x2 (the Llama / transformers layout)."""
 
     def __init__(self, config):
         super().__init__()
         head_dim = config.n_embd // config.n_head
         inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
-        angles = torch.outer(torch.arange(config.block_size).float(), inv_freq)
-        self.register_buffer("cos", angles.cos().repeat(1, 2)[:, None], persistent=False)  # (block_size, 1, head_dim)
-        self.register_buffer("sin", torch.cat((-angles.sin(), angles.sin()), dim=1)[:, None], persistent=False)
+        angles = torch.outer(torch.arange(config.block_size).float(), inv_freq)  # (block_size, head_dim / 2)
+        angles = torch.cat((angles, angles), dim=-1)[:, None]  # (block_size, 1, head_dim): one angle per half
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
 
     def forward(self, x, pos):  # x: (B, T, heads, head_dim), tokens at positions pos..pos+T-1
         T = x.size(1)
         cos, sin = self.cos[pos:pos + T].to(x.dtype), self.sin[pos:pos + T].to(x.dtype)
-        return (x * cos).addcmul_(x.roll(x.size(-1) // 2, dims=-1), sin)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 # ----------------------------------------------------------------------------- LIMe
@@ -128,6 +100,16 @@ def router_layers(router, layer):
     raise ValueError(f"unknown router '{router}'; choose one of: {ROUTERS}")
 
 
+def zero_linear(d_in, d_out):
+    """A bias-free nn.Linear that starts at zero, made without drawing from the RNG (skip_init), so that the
+    weights drawn after it are the same as in a model without it: one seed, the baseline's weights."""
+    # the default device of the moment (a `with torch.device(...)` block included, which older releases'
+    # torch.get_default_device() does not see): where a factory function puts a tensor
+    linear = nn.utils.skip_init(nn.Linear, d_in, d_out, bias=False, device=torch.empty(0).device)
+    nn.init.zeros_(linear.weight)
+    return linear
+
+
 class Router(nn.Module):
     """R^l of eq. (2): H_kv x (l+1)*H_kv weights over the sources of layers 0..l."""
 
@@ -143,7 +125,7 @@ class Router(nn.Module):
         self.router_init = config.router_init
         self.dynamic = None
         if config.router == "dynamic":  # per-token offsets, zero at init: starts as the static router
-            self.dynamic = relatives.zero_linear(config.n_embd, self.n_kv * n_src)
+            self.dynamic = zero_linear(config.n_embd, self.n_kv * n_src)
 
     @torch.no_grad()
     def reset_parameters(self):
@@ -180,18 +162,21 @@ def route_reference(router, sources):
 
     router: (H_kv, S), or per token (B, T, H_kv, S); sources: (S, 2, B, T, d_h), the stacked
     KV; returns (H_kv, 2, B, T, d_h). Readable, but every layer would keep its own copy of
-    the stack for backward (O(L^2) memory); KVStack computes the same thing in O(L). Tests and
-    representations.py (for analyze.py) use this."""
+    the stack for backward (O(L^2) memory); KVStack computes the same thing in O(L). The tests
+    and the study tools use this."""
     if router.dim() == 2:
         return torch.einsum("hs,scbtd->hcbtd", router, sources)
     return torch.einsum("bths,scbtd->hcbtd", router, sources)
 
 
 class KVStack:
-    """The stacked KV of one forward pass, and eq. (2) read from it in two phases.
+    """The stacked KV of one forward pass, and eq. (2) read from it.
 
-    The static routers are linear and known before the pass, so the sum over sources splits
-    exactly by where a source lives. Layers are grouped in groups of m:
+    With one group of all n_layer layers (route_group_size=n_layer) this is eq. (2) read left to right: each
+    layer appends its [k; v], then sums R[:, s] kv_s over every source so far (read(), route()), one matmul
+    per source layer: O(L^2) ops over the whole model.
+    The default, groups of m ~ sqrt(L) layers, computes the same sum in two phases. The static routers are
+    linear and known before the pass, so the sum over sources splits exactly by where a source lives:
       phase 1: when a group starts, the completed groups' sources (each group concatenated once)
                are routed for all m layers of the new group at once: their router rows stacked,
                one matmul per completed group;
@@ -303,7 +288,7 @@ class Attention(nn.Module):
         over every cached key too. Returns (B, T, H * d_h) for o_proj."""
         B, T, _, _ = q.shape
         pos = cache.pos if cache is not None else 0
-        q, k = rope(torch.cat((q, k), dim=2), pos).split((self.n_head, self.n_kv_head), dim=2)  # one RoPE for both
+        q, k = rope(q, pos), rope(k, pos)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # views: y comes back (B, T, H, d_h), no copy
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
@@ -343,9 +328,9 @@ class Block(nn.Module):
 
     def __init__(self, config, layer):
         super().__init__()
-        self.ln_1 = RMSNorm(config.n_embd, config.norm_eps)
+        self.ln_1 = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.attn = Attention(config, layer)
-        self.ln_2 = RMSNorm(config.n_embd, config.norm_eps)
+        self.ln_2 = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.mlp = MLP(config)
 
     def forward(self, x, rope, kv_stack=None, cache=None):
@@ -362,14 +347,13 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, layer) for layer in range(config.n_layer)]),
-            ln_f=RMSNorm(config.n_embd, config.norm_eps),
+            ln_f=nn.RMSNorm(config.n_embd, eps=config.norm_eps),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
         self.rope = RoPE(config)
-        self.route_group_size = route_group_size(config.n_layer)  # LIMe's two-phase routing (KVStack)
-        relatives.attach(self)  # a cross-layer relative's weights, if one is on (fixed init: no RNG draw)
+        self.route_group_size = config.route_group_size or route_group_size(config.n_layer)  # LIMe's sum (KVStack)
         # GPT-2 init; the projections back into the residual stream scaled by 1/sqrt(2L); routers below.
         nn.init.normal_(self.transformer.wte.weight, std=0.02)
         for block in self.transformer.h:
@@ -379,10 +363,9 @@ class GPT(nn.Module):
                 nn.init.normal_(linear.weight, std=0.02 / math.sqrt(2 * config.n_layer) if residual else 0.02)
         if not config.tie_embeddings:
             nn.init.normal_(self.lm_head.weight, std=0.02)
-        # LIMe's routers, then the relatives' random weights, draw last: one seed, the baseline's weights for all
+        # LIMe's routers draw last: one seed gives LIMe the baseline's weights
         for router in (m for m in self.modules() if isinstance(m, Router)):
             router.reset_parameters()
-        relatives.reset_parameters(self)  # a relative's random weights draw after them
 
     def get_num_params(self):
         return sum(p.numel() for p in self.parameters())  # a tied weight is counted once
@@ -392,15 +375,10 @@ class GPT(nn.Module):
         pos = cache.pos if cache is not None else 0
         if pos + T > self.config.block_size:
             raise ValueError(f"sequence of {pos + T} tokens exceeds block_size={self.config.block_size}")
-        x = self.transformer.drop(self.transformer.wte(idx))
+        x = self.transformer.drop(self.transformer.wte(idx))  # (B, T, n_embd)
         kv_stack = KVStack([block.attn.router for block in self.transformer.h],  # LIMe: every layer's [k; v] so far
                            self.route_group_size) if self.config.lime else None
-        stream = relatives.stream(self, x)  # the plug-in point: a relative's residual stream, or None
-        if stream is None:  # the plain residual sum
-            for block in self.transformer.h:
-                x = block(x, self.rope, kv_stack, cache)
-        else:  # the relative runs the blocks on its stream (relatives.py)
-            x = stream.run(self.transformer.h, self.rope, kv_stack, cache)
+        x = self.run_blocks(x, kv_stack, cache)
         x = self.transformer.ln_f(x)
         if cache is not None:
             cache.pos += T
@@ -409,6 +387,12 @@ class GPT(nn.Module):
         logits = self.lm_head(x)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
+
+    def run_blocks(self, x, kv_stack=None, cache=None):
+        """The residual stream through every block (relatives.py overrides this to rewire it)."""
+        for block in self.transformer.h:
+            x = block(x, self.rope, kv_stack, cache)
+        return x
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, stop_token=None, top_p=1.0):
@@ -444,7 +428,8 @@ class GPT(nn.Module):
 
     def flops_per_token(self, seq_len=None):
         """Forward matmul FLOPs per token (multiply-add = 2), attention over the full T x T matrix, LM head and
-        router included; training costs 3x this. Reproduces paper Table 8's ratios. Elementwise work not counted."""
+        router included; training costs 3x this. Elementwise work is not counted. By this count LIMe adds 1.35 %
+        at the paper's 1B shape; the paper's Table 8, counted with fvcore, gives +1.22 %."""
         c = self.config
         T, d, hd, L = seq_len or c.block_size, c.n_embd, c.n_embd // c.n_head, c.n_layer
         per_layer = (2 * d * c.n_head * hd * 2           # q and o projections
@@ -458,7 +443,6 @@ class GPT(nn.Module):
                 flops += 2 * c.n_kv_head * S * 2 * hd
                 if c.router == "dynamic":  # per-token router projection and its mixing
                     flops += 2 * d * c.n_kv_head * S + 2 * c.n_kv_head * S * 2 * hd
-        flops += relatives.flops(c, T)  # a cross-layer relative's mixing
         return flops
 
     def estimate_mfu(self, tokens_per_iter, dt, peak_flops, seq_len=None):
@@ -468,7 +452,7 @@ class GPT(nn.Module):
     def configure_optimizers(self, weight_decay, learning_rate, router_lr, betas, device_type, eps=1e-8,
                              optimizer="adamw", muon_lr=0.02, muon_momentum=0.95, named_lrs=None):
         """AdamW, three groups (paper App. A): every LIMe Router parameter at router_lr without decay; the other
-        nn.Linear weights decayed; the rest (embedding, norms, the relatives' mixing weights) without decay. Each
+        nn.Linear weights decayed; the rest (embedding, norms, other parameters) without decay. Each
         group keeps its 'peak_lr'. optimizer='muon': [Muon, AdamW], torch.optim.Muon on the attention and MLP
         matrices (at muon_lr, decayed; lr scaled by sqrt(max(1, rows/cols)), Keller Jordan's original rule), AdamW
         on everything else as above. named_lrs {parameter name: peak lr}: each in a group of its own, without decay."""

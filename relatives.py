@@ -11,12 +11,12 @@ LIMe's cross-layer relatives, plugged into model.py's GPT: each rewires the resi
 - MoDA (mixture-of-depths attention, arXiv 2603.15619; `moda=True`): the one relative that changes attention
   instead of the stream: each head also attends to every earlier sub-layer's key and value at its position.
 
-model.py names no relative. GPTConfig inherits RelativesConfig (the options below, all off by default) and calls
-check(config); GPT.__init__ calls attach(model) (the relatives' weights, none drawn from the RNG) and, last,
-reset_parameters(model) (random weights, drawn after the baseline's); GPT.flops_per_token adds flops(config, T);
-and GPT.forward's one plug-in point, stream(model, x), gives a relative's residual stream for one forward pass,
-which then runs the blocks: stream.run(blocks, rope, kv_stack, cache) -> what the final norm sees. A Stream
-runs each block through its sub-layers' own modules (block.attn, block.mlp), so LIMe's routing, RoPE and the
+model.py knows none of them: this file extends it. RelativesConfig is GPTConfig plus the relatives' options (all
+off: GPTConfig's model); RelativesGPT is model.GPT with a relative's weights added after the baseline's (attach:
+none drawn from the RNG; then reset_parameters: random weights, drawn after the baseline's and LIMe's, so one
+seed gives every variant the baseline's weights), its blocks run on the relative's residual stream (run_blocks,
+through stream(model, x)), and the mixing's FLOPs added (flops). build_model(config) is model.GPT when no
+relative is on. A Stream runs each block through its sub-layers' own modules (block.attn, block.mlp), so LIMe's routing, RoPE and the
 KV cache work as in the baseline; most streams only say where a sub-layer's input comes from and where its
 output goes:
     stream.read() -> the next sub-layer's input (B, T, d); stream.write(y): that sub-layer's output;
@@ -35,13 +35,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from model import GPT, GPTConfig, zero_linear
+
 ATTNRES = "full, block, block-<m>"
 MHC = "'' (off), 'dynamic' (the paper's), 'static'"
 
 
 @dataclass
-class RelativesConfig:
-    """The relatives' options, fields of model.GPTConfig; all off: the baseline."""
+class RelativesConfig(GPTConfig):
+    """model.GPTConfig and the relatives' options; all off: GPTConfig's model."""
     hc: int = 0                # Hyper-Connections expansion rate (0 = off; the paper uses 4)
     hc_dynamic: bool = False   # HC's per-token offsets (needs hc)
     mhc: str = ""              # mHC (needs hc): MHC below; 'dynamic' the paper's, 'static' HC's weights constrained
@@ -49,6 +51,40 @@ class RelativesConfig:
     attnres: str = ""          # Attention Residuals: '' (off) or ATTNRES below: a softmax mix of earlier outputs
     moda: bool = False         # MoDA: attention also reads every earlier sub-layer's key and value at the same position
     mudd: bool = False         # MUDDFormer: a block's q, k, v, residual inputs per-token mixes of earlier block outputs
+
+    def __post_init__(self):
+        super().__post_init__()
+        check(self)
+
+
+OPTIONS = ('hc', 'hc_dynamic', 'mhc', 'denseformer', 'attnres', 'moda', 'mudd')
+
+
+def enabled(config):
+    """Whether any relative's option is on (then the model is a RelativesGPT)."""
+    return any(getattr(config, name, False) for name in OPTIONS)
+
+
+def build_model(config):
+    """The model of `config`: model.GPT when no relative is on, else RelativesGPT."""
+    return RelativesGPT(config) if enabled(config) else GPT(config)
+
+
+class RelativesGPT(GPT):
+    """model.GPT with a cross-layer relative rewiring its residual stream (or, for MoDA, its attention)."""
+
+    def __init__(self, config):
+        super().__init__(config)  # the baseline's weights and LIMe's routers, drawn as in model.GPT
+        attach(self)              # the relative's weights: fixed init, no RNG draw
+        reset_parameters(self)    # the relative's random weights, drawn last
+
+    def run_blocks(self, x, kv_stack=None, cache=None):
+        s = stream(self, x)  # a relative's residual stream for this pass, or None: the plain residual sum
+        return super().run_blocks(x, kv_stack, cache) if s is None else s.run(self.transformer.h, self.rope,
+                                                                               kv_stack, cache)
+
+    def flops_per_token(self, seq_len=None):
+        return super().flops_per_token(seq_len) + flops(self.config, seq_len or self.config.block_size)
 
 
 def check(config):
@@ -143,16 +179,6 @@ def flops(c, T):
 def fp32(x):
     """Autocast off: the mixing runs in the streams' float32."""
     return torch.autocast(x.device.type, enabled=False)
-
-
-def zero_linear(d_in, d_out):
-    """A bias-free nn.Linear that starts at zero, made without drawing from the RNG (skip_init), so that a
-    variant's extra layers do not change the baseline's weights drawn after them (GPT.__init__)."""
-    # the default device of the moment (a `with torch.device(...)` block included, which older releases'
-    # torch.get_default_device() does not see): where a factory function puts a tensor
-    linear = nn.utils.skip_init(nn.Linear, d_in, d_out, bias=False, device=torch.empty(0).device)
-    nn.init.zeros_(linear.weight)
-    return linear
 
 
 class Stream:

@@ -1,11 +1,15 @@
 """
-Our baseline's train step next to nanoGPT's, at nanoGPT's CPU recipe for Shakespeare characters (4 layers,
-4 heads, width 128, block 64, batch 12, no dropout, eager), timed in interleaved rounds in one process so that
-a busy machine slows all alike; then a profile of one of each (torch.profiler, self CPU time by op).
-nanoGPT is not shipped here: clone it beside this repository first.
+Our baseline's train step next to the same architecture in transformers (LlamaForCausalLM: sdpa attention,
+SwiGLU 384, tied embeddings, RMSNorm eps 1e-6, no biases) and next to nanoGPT's GPT-2, at nanoGPT's CPU recipe
+for Shakespeare characters (4 layers, 4 heads, width 128, block 64, batch 12, no dropout, fp32 eager, AdamW),
+timed in interleaved rounds in one process so that a busy machine slows all alike; then a profile of ours and
+nanoGPT's (torch.profiler, self CPU time by op). nanoGPT is not shipped here: clone it beside this repository
+first; transformers comes from requirements-hf.txt.
 
 $ git clone https://github.com/karpathy/nanoGPT ../nanoGPT
-$ python dev/bench_nanogpt.py ../nanoGPT          # 30 rounds of 10 steps each, about 2 minutes on 2 cores
+$ python dev/bench_nanogpt.py ../nanoGPT          # 30 rounds of 10 steps each, about 3 minutes on 2 cores
+
+LlamaForCausalLM is the like-for-like anchor: the same function, written by another project.
 
 The models differ by design in the MLP (our SwiGLU, hidden 384 by the Llama rule, against nanoGPT's GELU
 with 512: 12.5 % more MLP FLOPs), the norm (RMSNorm against LayerNorm, which has a fused CPU kernel), RoPE
@@ -33,7 +37,25 @@ spec.loader.exec_module(nanogpt)
 rounds, steps = 30, 10
 B, T, V = 12, 64, 65
 shape = dict(n_layer=4, n_head=4, n_embd=128, block_size=T, vocab_size=V, dropout=0.0)
-NAMES = ('nanoGPT', 'nanoLIMe', 'nanoLIMe, MLP 344')
+NAMES = ('nanoGPT', 'nanoLIMe', 'nanoLIMe, MLP 344', 'LlamaForCausalLM')
+
+
+class Llama(torch.nn.Module):
+    """transformers' LlamaForCausalLM at our baseline's shape, called as our GPT is: (logits, loss)."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+        config = LlamaConfig(vocab_size=V, hidden_size=shape['n_embd'], intermediate_size=384,
+                             num_hidden_layers=shape['n_layer'], num_attention_heads=shape['n_head'],
+                             num_key_value_heads=shape['n_head'], max_position_embeddings=T, rms_norm_eps=1e-6,
+                             tie_word_embeddings=True, attention_bias=False, mlp_bias=False, attention_dropout=0.0)
+        config._attn_implementation = 'sdpa'
+        self.llama = LlamaForCausalLM(config)
+
+    def forward(self, x, y):
+        logits = self.llama(input_ids=x, use_cache=False).logits
+        return logits, torch.nn.functional.cross_entropy(logits.view(-1, V), y.view(-1))
 
 
 def build(name):
@@ -41,6 +63,12 @@ def build(name):
     if name == 'nanoGPT':
         model = nanogpt.GPT(nanogpt.GPTConfig(**shape, bias=False))
         return model, model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), 'cpu')
+    if name == 'LlamaForCausalLM':  # AdamW with our groups: the matrices decayed, embedding and norms not
+        model = Llama()
+        params = [p for p in model.parameters()]
+        groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=0.1),
+                  dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
+        return model, torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.99))
     model = GPT(GPTConfig(**shape, mlp_hidden=344 if 'MLP' in name else None))
     return model, model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.99), 'cpu')
 
@@ -75,6 +103,13 @@ for r in range(rounds):
 for name, rs in ratios.items():
     q1, _, q3 = statistics.quantiles(rs, n=4)
     print(f"median step ratio {name} / nanoGPT: {statistics.median(rs):.3f} (quartiles {q1:.3f}-{q3:.3f})")
+rs = [a / b for a, b in zip(ratios['nanoLIMe'], ratios['LlamaForCausalLM'])]  # the same rounds, nanoGPT cancels
+q1, _, q3 = statistics.quantiles(rs, n=4)
+print(f"median step ratio nanoLIMe / LlamaForCausalLM: {statistics.median(rs):.3f} (quartiles {q1:.3f}-{q3:.3f})")
+d, L = shape['n_embd'], shape['n_layer']  # forward matmul FLOPs per token, multiply-add = 2, as flops_per_token
+gpt2 = L * (2 * 4 * d * d + 2 * 2 * d * 4 * d + 2 * 2 * T * d) + 2 * d * V  # qkv + proj, GELU MLP 4d, attention
+ours = models['nanoLIMe'][0].flops_per_token(T)  # q, k, v, o + SwiGLU 384 (3 matrices) + attention
+print(f"forward matmul FLOPs per token: nanoLIMe {ours:,}, nanoGPT {gpt2:,}: {ours / gpt2:.3f}x")
 for name in NAMES[:2]:  # where the time goes: self CPU time per op, per step
     model, opt = models[name]
     with profile(activities=[ProfilerActivity.CPU]) as prof:

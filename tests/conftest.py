@@ -53,6 +53,7 @@ from nanolime import data  # noqa: E402
 import model  # noqa: E402
 import prepare  # noqa: E402
 from model import GPT, GPTConfig, KVCache  # noqa: E402
+from relatives import RelativesConfig, build_model  # noqa: E402
 
 
 @pytest.fixture
@@ -189,12 +190,12 @@ V = 50
 def tiny(**kw):
     args = dict(block_size=16, vocab_size=V, n_layer=4, n_head=4, n_kv_head=4, n_embd=32)
     args.update(kw)
-    return GPTConfig(**args)
+    return RelativesConfig(**args)  # model.GPTConfig's fields and the relatives' (build_model picks the class)
 
 
 def build(seed=0, **kw):
     torch.manual_seed(seed)
-    model = GPT(tiny(**kw))
+    model = build_model(tiny(**kw))
     for block in model.transformer.h:  # make dynamic routers non-trivial so they are tested
         router = block.attn.router
         if router is not None and router.dynamic is not None:

@@ -19,6 +19,7 @@ from conftest import run  # noqa: E402
 import relatives  # noqa: E402
 from study import representations  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from relatives import RelativesConfig, build_model  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -60,7 +61,7 @@ def make_dataset(root, name='tiny_char', n_sent=1500):
 
 def save_run(out_dir, model_args, dataset, compiled_prefix, n_log=5, seed=0, meta=None):
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(**model_args))
+    model = build_model(RelativesConfig(**model_args))
     sd = model.state_dict()
     if compiled_prefix:
         sd = {'_orig_mod.' + k: v for k, v in sd.items()}
@@ -165,7 +166,7 @@ def test_relatives_runs_are_named_and_analysed_through_their_stream(tmp_path, an
     analyze_here(str(tmp_path / 'out-rel'), f'--data_dir={tmp_path / "data"}')
     res = json.load(open(tmp_path / 'out-rel' / 'analysis.json'))
     assert res['family'] == analyze.family(args) and 'skipped' not in res
-    model = GPT(GPTConfig(**args))
+    model = build_model(RelativesConfig(**args))
     rec, x = representations.Recorder(model), torch.randint(0, meta['vocab_size'], (2, 16))
     reps = rec.run(x)
     rec.close()

@@ -18,6 +18,7 @@ import prepare
 from nanolime.common import UserError
 from conftest import REPO, TINY_RUN, ckpt_of, error_of, files, log_iters, patched, run, run_script, train
 from model import GPT, GPTConfig
+from relatives import RelativesConfig, build_model  # noqa: E402
 
 
 def test_git_commit_of_a_checkout_and_none_elsewhere(tmp_path, monkeypatch):
@@ -71,7 +72,7 @@ def test_every_loader_refuses_non_finite_weights(data_dir, tmp_path, run_here):
 
 def write_ckpt(path, **model_args):
     args = dict(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8)
-    model = GPT(GPTConfig(**args))
+    model = build_model(RelativesConfig(**args))
     torch.save({checkpoint.CKPT_MARKER: 1, 'model': model.state_dict(), 'model_args': {**args, **model_args},
                 'iter_num': 0, 'config': {}}, path)
 

@@ -10,6 +10,7 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from model import GPT, GPTConfig
+from relatives import RelativesConfig, build_model  # noqa: E402
 from conftest import saved_bytes
 
 V = 50
@@ -19,7 +20,7 @@ def make(seed=0, **kw):
     args = dict(block_size=16, vocab_size=V, n_layer=2, n_head=4, n_kv_head=4, n_embd=32)
     args.update(kw)
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(**args))
+    model = build_model(RelativesConfig(**args))
     with torch.no_grad():  # make dynamic routers and the cross-layer weights do something
         for name, p in model.named_parameters():
             if "dynamic" in name or name.startswith(("dwa.", "attn_res.", "mudd.")) or ".phi_" in name:

@@ -26,6 +26,7 @@ from conftest import run_script  # noqa: E402
 from nanolime import data  # noqa: E402
 from nanolime.checkpoint import atomic_save  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from relatives import RelativesConfig, build_model  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHARS = sorted(set("\n !?:.,abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"))
@@ -39,7 +40,7 @@ def tiny_gpt(vocab, seed=0, **kw):
     torch.manual_seed(seed)
     args = dict(block_size=L, vocab_size=vocab, n_layer=2, n_head=2, n_embd=16, lime=True)
     args.update(kw)
-    return GPT(GPTConfig(**args)).eval()
+    return build_model(RelativesConfig(**args)).eval()
 
 
 def adapter(model, meta, batch_size=4):

@@ -13,6 +13,7 @@ import relatives
 from conftest import (GROUPINGS, V, VARIANTS, build, loss_and_grads, plain_router_forward, saved_bytes, scramble,
                       step_logits, tiny)
 from model import GPT, GPTConfig, KVCache
+from relatives import build_model
 
 @pytest.mark.parametrize("router", VARIANTS)
 @pytest.mark.parametrize("n_kv_head", [4, 2])
@@ -36,28 +37,22 @@ def test_fast_path_matches_the_plain_reference(router, n_kv_head, monkeypatch):
                                        msg=f"{name} (L={n_layer}, group={group})")
 
 
-def test_rmsnorm_and_its_written_out_backward_are_torchs():
-    """model.RMSNorm (its backward written by hand) against nn.RMSNorm: outputs and gradients, float32 and a bf16
-    input (computed in float32, returned in bf16); and torch's numerical gradient check in float64."""
-    ours, theirs = M.RMSNorm(32, 1e-6), torch.nn.RMSNorm(32, eps=1e-6)
-    with torch.no_grad():
-        ours.weight.normal_()
-        theirs.weight.copy_(ours.weight)
-    for dtype in (torch.float32, torch.bfloat16):
-        x = torch.randn(3, 5, 32).to(dtype).requires_grad_()
-        grad = torch.randn(3, 5, 32).to(dtype)
-        results = []
-        for norm in (ours, theirs):
-            x.grad = norm.weight.grad = None
-            y = norm(x)
-            y.backward(grad)
-            results.append((y, x.grad, norm.weight.grad))
-        assert results[0][0].dtype == dtype
-        for a, b in zip(*results):
-            torch.testing.assert_close(a, b, atol=1e-5 if dtype == torch.float32 else 1e-2, rtol=1e-5)
-    x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x, w: M.RMSNormGrad.apply(x, w, 1e-6), (x, w))
+@pytest.mark.parametrize("router", ["full", "dynamic", "first-2"])
+def test_one_phase_is_the_default_two_phase_sum(router):
+    """route_group_size=n_layer (eq. (2) read left to right, one phase) and the default groups of about
+    sqrt(L) layers (two phases) are one function: the same logits and every gradient, from one seed."""
+    results = []
+    for group in (None, 9):
+        model = build(lime=True, router=router, n_layer=9, n_kv_head=2, route_group_size=group)
+        assert model.route_group_size == (3 if group is None else 9)
+        results.append(loss_and_grads(model, torch.arange(32).view(2, 16) % V, torch.arange(1, 33).view(2, 16) % V))
+    (logits, grads), (ref_logits, ref_grads) = results
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
+    assert grads.keys() == ref_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], atol=1e-6, rtol=1e-4, msg=name)
+    with pytest.raises(ValueError, match="route_group_size=0"):
+        GPTConfig(lime=True, route_group_size=0)
 
 
 def test_rope_is_the_half_split_rotation():
@@ -151,15 +146,15 @@ def test_one_seed_gives_every_variant_the_baseline_weights(kw):
     after the same manual_seed has too, equal (routers draw last), so a paired difference is the method's
     and not another init's; and the variant's own random init still differs from seed to seed."""
     torch.manual_seed(3)
-    base = GPT(tiny(tie_embeddings=kw.get("tie_embeddings", True)))
+    base = build_model(tiny(tie_embeddings=kw.get("tie_embeddings", True)))
     torch.manual_seed(3)
-    variant = GPT(tiny(**kw))
+    variant = build_model(tiny(**kw))
     mine = dict(variant.named_parameters())
     for name, p in base.named_parameters():
         assert torch.equal(p, mine[name]), name
     if kw.get("lime") and kw.get("router_init") != "identity":
         torch.manual_seed(4)
-        other = GPT(tiny(**kw)).transformer.h[2].attn.router.weight
+        other = build_model(tiny(**kw)).transformer.h[2].attn.router.weight
         assert not torch.equal(other, variant.transformer.h[2].attn.router.weight)
 
 
@@ -167,7 +162,7 @@ def test_the_model_is_built_on_the_default_device():
     """bench.py builds models under `with torch.device('cuda')`: every weight must land there, the zero-init
     linears made without the RNG included. The meta device stands in for a GPU here."""
     with torch.device("meta"):
-        model = GPT(tiny(lime=True, router="dynamic", hc=2, hc_dynamic=True))
+        model = build_model(tiny(lime=True, router="dynamic", hc=2, hc_dynamic=True))
     assert {p.device.type for p in model.parameters()} == {"meta"}
 
 

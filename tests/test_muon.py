@@ -6,6 +6,7 @@ import torch
 from conftest import MUON
 
 from model import GPT, GPTConfig, Router
+from relatives import RelativesConfig, build_model  # noqa: E402
 
 pytestmark = MUON
 V = 50
@@ -14,7 +15,7 @@ V = 50
 def build(**kw):
     torch.manual_seed(0)
     args = dict(block_size=16, vocab_size=V, n_layer=3, n_head=4, n_kv_head=2, n_embd=32)
-    return GPT(GPTConfig(**{**args, **kw}))
+    return build_model(RelativesConfig(**{**args, **kw}))
 
 
 @pytest.mark.parametrize("kw", [dict(lime=True, router="dynamic"), dict(hc=2, hc_dynamic=True),

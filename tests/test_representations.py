@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from study import representations  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from relatives import RelativesConfig, build_model  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- entropy
@@ -59,7 +60,7 @@ def tiny(lime=True, router='full', n_layer=4, **kw):
                lime=lime, router=router)
     cfg.update(kw)
     torch.manual_seed(0)
-    return GPT(GPTConfig(**cfg)), cfg
+    return build_model(RelativesConfig(**cfg)), cfg
 
 
 def test_router_map_rows_sum_to_one():

@@ -33,6 +33,7 @@ from nanolime import common
 import model
 from nanolime.common import UserError
 from model import GPT, GPTConfig
+from relatives import RelativesConfig, build_model  # noqa: E402
 
 # 8 sequences x 32 tokens per micro-step, one micro-step per iteration
 TINY = ['--device=cpu', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=8',
@@ -107,7 +108,7 @@ def test_log_fields_and_flop_accounting(trained):
     out, stdout = trained
     log = read_log(out)
     ck = load(out)
-    fpt = GPT(GPTConfig(**ck['model_args'])).flops_per_token(ck['model_args']['block_size'])
+    fpt = build_model(RelativesConfig(**ck['model_args'])).flops_per_token(ck['model_args']['block_size'])
     tokens_per_iter = 8 * 32 * 1 * 1
     assert f'x 1 accumulation steps x 1 ranks = {tokens_per_iter:,} tokens/iter' in stdout
     assert 'parameters, variant lime, ' in stdout  # train.py's default model
