@@ -25,7 +25,7 @@ from nanolime.common import (UserError, autocast, configure, peak_flops as devic
 from nanolime.checkpoint import atomic_write, writable_dir
 from nanolime.variants import parse_variant
 import torch
-from model import GPT, GPTConfig
+import relatives
 
 # ----------------------------------------------------------------------------- config
 n_layer = 4
@@ -62,7 +62,7 @@ def variant_config(name, shape):
     the given shape; options after '~' must be the model's (GPTConfig), e.g. lime~router_init=identity."""
     overrides, extra = parse_variant(name)
     try:
-        return GPTConfig(**shape, **overrides, **extra)
+        return relatives.RelativesConfig(**shape, **overrides, **extra)
     except TypeError as e:  # a field this model.py does not have
         raise UserError(f"variant '{name}' is not supported by this model.py ({e})") from None
     except ValueError as e:
@@ -88,7 +88,7 @@ def build_model(name, shape, seed, dev, state=None):
     baseline's state dict): so all variants start from one init."""
     torch.manual_seed(seed)
     with torch.device(dev):  # initialised on the device: fast even for 1B models
-        model = GPT(variant_config(name, shape))
+        model = relatives.build_model(variant_config(name, shape))
     unexpected = model.load_state_dict(state or {}, strict=False).unexpected_keys
     assert not unexpected, f"{name} lacks baseline weights {unexpected}"
     return model

@@ -33,6 +33,7 @@ from time import time
 
 from tqdm import tqdm
 from nanolime.common import UserError, configure
+from nanolime import checkpoint
 from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, read_log, writable_dir
 from nanolime.data import arithmetic_tiers
 from nanolime.sweep_report import (MULTIPLIERS, add_compute_multipliers, add_tier_columns, csv_text, earlier_rows,
@@ -160,26 +161,33 @@ def run_args(run):
         per_run.update(max_iters=run['budget'], lr_decay_iters=budget_decay(run['budget']))
     return [f"--{k}={v}" for k, v in {**train_opts, **per_run}.items()]
 
+class _Checked(Exception):
+    """Raised where train.py claims its out_dir: everything it can check is checked by then."""
+
+
 def check_options():
     """{variant: its runs' train.py config}, from train.py itself: run here, it checks a variant's options (at
-    the deepest depth) and stops before any work, printing its config; UserError with its message if it refuses."""
-    configs, errors, argv = {}, {}, sys.argv
-    os.environ['NANOLIME_CHECK_ONLY'] = '1'
+    the deepest depth) and is stopped where it would claim its out_dir, before any work; UserError with its
+    message if it refuses."""
+    configs, errors, argv, claim = {}, {}, sys.argv, checkpoint.on_rank_0
+
+    def stop(*args, **kwargs):  # train.py's config, read from the frame that calls it
+        raise _Checked(sys._getframe(1).f_globals['config'])
+    checkpoint.on_rank_0 = stop  # train.py imports it when run_path runs it: this stand-in
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for v in variant_list:
                 run = {'variant': v, 'depth': max(depth_list), 'seed': seed_list[0], 'dir': tmp}
-                sys.argv, out = [TRAIN_PY, *run_args(run)], io.StringIO()
+                sys.argv = [TRAIN_PY, *run_args(run)]
                 try:
-                    with contextlib.redirect_stdout(out):
+                    with contextlib.redirect_stdout(io.StringIO()):
                         runpy.run_path(TRAIN_PY, run_name='__main__')
-                except SystemExit:
-                    configs[v] = json.loads(out.getvalue().splitlines()[-1])
+                except _Checked as checked:
+                    configs[v] = json.loads(json.dumps(checked.args[0]))  # a copy, as the printed config was
                 except UserError as e:
                     errors[v] = str(e)
     finally:
-        sys.argv = argv
-        del os.environ['NANOLIME_CHECK_ONLY']
+        sys.argv, checkpoint.on_rank_0 = argv, claim
     if errors:  # the first; named by its variant if another variant passed (then the problem is that one's)
         v, msg = next(iter(errors.items()))
         prefix = '' if len(errors) == len(variant_list) else f"variant {v}: "

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from model import GPT, GPTConfig
+from relatives import RelativesConfig, build_model  # model.py's GPT, or a relative's extension of it
 from nanolime.variants import variant_name
 
 # -----------------------------------------------------------------------------
@@ -134,9 +134,9 @@ if hf_dir is not None:  # the model's shape is the Llama's (LIMe's routers, if a
                         f"dataset '{dataset}' {meta['vocab_size']}; train it on a dataset of its tokenizer")
     config.update(llama)
     globals().update(llama)
-model_args = {f.name: config[f.name] for f in dataclasses.fields(GPTConfig) if f.name in config}
+model_args = {f.name: config[f.name] for f in dataclasses.fields(RelativesConfig) if f.name in config}
 try:  # shapes and the router variant
-    gptconf = GPTConfig(vocab_size=int(meta['vocab_size']), **model_args)
+    gptconf = RelativesConfig(vocab_size=int(meta['vocab_size']), **model_args)
 except ValueError as e:
     raise UserError(f"invalid model config: {e}") from None
 ckpt_path = os.path.join(out_dir, CKPT_NAME)
@@ -152,9 +152,6 @@ master = rank == 0
 device = resolve_device(device)  # an indexed 'cuda:N' on CUDA: cuda:LOCAL_RANK under torchrun
 device_type = device.split(':')[0]
 ptdtype = resolve_dtype(dtype, device)
-if os.environ.get('NANOLIME_CHECK_ONLY') == '1':  # sweep.py checks every run's options before it starts any
-    print(json.dumps(config))
-    sys.exit(0)
 ctx = autocast(device, ptdtype)
 use_compile = (device_type == 'cuda') if compile == 'auto' else compile
 if device_type == 'cuda':
@@ -174,7 +171,7 @@ if master:
 # model, optimizer, the state a resumed run continues from, and the code it runs (every checkpoint records it)
 commit = git_commit()
 torch.manual_seed(seed)
-model = GPT(gptconf).to(device)
+model = build_model(gptconf).to(device)
 if hf_dir is not None:  # the Llama's weights; with router_init='identity' a LIMe computes the same function
     from integrations.hf import load_llama
     load_llama(model, hf_dir)

@@ -17,7 +17,7 @@ import os
 import torch
 
 from nanolime.common import UserError
-from model import GPTConfig
+from relatives import RelativesConfig
 
 LLAMA = ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'dropout',
          'tie_embeddings', 'rope_theta', 'norm_eps')  # the model options a Llama has too
@@ -30,7 +30,7 @@ def _blocks(cfg):
 
 def variants(cfg):
     """The options of a model config (GPTConfig's fields) that turn on something beyond a Llama with LIMe."""
-    defaults = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
+    defaults = {f.name: f.default for f in dataclasses.fields(RelativesConfig)}
     return [k for k in cfg if k not in LLAMA + ('lime', 'router', 'router_init') and cfg[k] != defaults[k]]
 
 
@@ -192,7 +192,7 @@ class NanoLIMeForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config):
         super().__init__(config)
-        self.model = GPT(GPTConfig(**config.nanolime))
+        self.model = build_model(GPTConfig(**config.nanolime))
         if config.nanolime.get("tie_embeddings", True):
             self._tied_weights_keys = {"model.lm_head.weight": "model.transformer.wte.weight"}
         self.post_init()
@@ -203,7 +203,7 @@ class NanoLIMeForCausalLM(PreTrainedModel, GenerationMixin):
         # transformers builds the model on the meta device and loads the weights: the buffers that are not weights
         # (RoPE's tables, a fixed router) are made again here, by a model built as GPT builds itself
         device = next(model.parameters()).device
-        weights, fresh = model.model.state_dict(), dict(GPT(model.model.config).named_buffers())
+        weights, fresh = model.model.state_dict(), dict(build_model(model.model.config).named_buffers())
         for name, buffer in fresh.items():
             if name not in weights:
                 owner, _, leaf = name.rpartition(".")
@@ -238,8 +238,9 @@ class NanoLIMeForCausalLM(PreTrainedModel, GenerationMixin):
 def modeling_source(siblings):
     """modeling_nanolime.py for the copied files `siblings` (model.py, and relatives.py where there is one)."""
     # relative imports: transformers copies exactly the files a remote-code module imports relatively
-    lines = [f"    from .{name[:-3]} import *  # noqa: F401,F403" for name in siblings if name != 'model.py']
-    lines.append("    from .model import GPT, GPTConfig")
+    lines = ["    from .model import GPT as build_model, GPTConfig"]
+    if 'relatives.py' in siblings:  # the relatives extend model.py: their config and model class, as train.py's
+        lines.append("    from .relatives import RelativesConfig as GPTConfig, build_model  # noqa: F811")
     return MODELING.replace('IMPORTS', '\n'.join(lines))
 
 

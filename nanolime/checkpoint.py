@@ -213,14 +213,14 @@ def load_checkpoint(path, what="checkpoint"):
     if bad:  # train.py stops at a non-finite loss before it saves: these came from somewhere else
         raise UserError(f"{path} holds non-finite weights (NaN or inf) in {bad[0]}"
                         f"{f' and {len(bad) - 1} more tensors' if len(bad) > 1 else ''}; {damaged}")
-    from model import GPTConfig  # older checkpoints lack the newer model options: those are off
+    from relatives import RelativesConfig  # older checkpoints lack the newer model options: those are off
     args = ckpt['model_args']
     if args.pop('value_residual', False):
         raise UserError(f"{path} uses value_residual, which this version no longer has; sample or resume it "
                         "with the nanoLIMe version that wrote it")
     if isinstance(args.get('mhc'), bool):  # mhc was a flag, for what is now mhc='static'
         args['mhc'] = 'static' if args['mhc'] else ''
-    ckpt['model_args'] = {**{f.name: f.default for f in dataclasses.fields(GPTConfig)}, **args}
+    ckpt['model_args'] = {**{f.name: f.default for f in dataclasses.fields(RelativesConfig)}, **args}
     return ckpt
 
 
@@ -250,7 +250,7 @@ def _strip_prefixes(key):
 
 def load_model(path, device='cpu'):
     """(model in eval mode on `device`, checkpoint) from an out_dir or a checkpoint file."""
-    from model import GPT, GPTConfig
+    from relatives import RelativesConfig, build_model
     if os.path.isfile(path) and not path.endswith('.pt'):
         raise UserError(f"{path} is a file, not a run directory (nor a .pt checkpoint); point --out_dir at the "
                         f"directory holding {CKPT_NAME}")
@@ -261,7 +261,7 @@ def load_model(path, device='cpu'):
         path = os.path.join(path, CKPT_NAME)
     ckpt = load_checkpoint(path)
     try:
-        model = GPT(GPTConfig(**ckpt['model_args']))
+        model = build_model(RelativesConfig(**ckpt['model_args']))
         model.load_state_dict(ckpt['model'])
     except (TypeError, ValueError, RuntimeError) as e:
         first = (str(e).strip().splitlines() or [''])[0][:300]

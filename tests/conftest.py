@@ -353,7 +353,7 @@ def held(monkeypatch):
 # functions and classes of the namespaces the tests patch (not dunders: importing torch._dynamo wraps
 # Module.__init__), and the process-wide settings the scripts read or set.
 ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'NANOLIME_DEBUG',
-       'NANOLIME_CHECK_ONLY', 'HF_ENDPOINT', 'HF_HUB_OFFLINE', 'HF_DATASETS_OFFLINE')
+       'HF_ENDPOINT', 'HF_HUB_OFFLINE', 'HF_DATASETS_OFFLINE')
 SCRIPTS = ('nanolime.common', 'nanolime.checkpoint', 'nanolime.data', 'model', 'prepare', 'study.arithmetic', 'train',
            'sample', 'bench', 'sweep', 'study.analyze', 'integrations.eval')
 

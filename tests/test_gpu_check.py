@@ -15,7 +15,7 @@ import torch
 
 from conftest import REPO, run, script_here
 from nanolime import common
-from nanolime import data
+from nanolime import checkpoint, data
 import prepare
 from model import GPT, GPTConfig
 
@@ -156,8 +156,15 @@ def test_the_training_config_is_a_124m_lime_run(monkeypatch):
     assert 100e6 <= model.get_num_params() <= 130e6 and model.config.lime
 
 
-def test_train_py_accepts_the_training_config(tmp_path):
+def test_train_py_accepts_the_training_config(tmp_path, monkeypatch):
+    """train.py checks the config and stops where it would claim its out_dir (as sweep.py checks a run)."""
     prepare.prepare_bpe(prepare.read_shakespeare()[:100_000], str(tmp_path / 'shakespeare'))
-    code, out, _ = script_here('train.py', os.path.join(REPO, 'config', 'train_gpu_check.py'), f'--data_dir={tmp_path}',
-                               '--device=cpu', '--dtype=float32', env={'NANOLIME_CHECK_ONLY': 1})
-    assert code == 0 and json.loads(out.splitlines()[-1])['n_embd'] == 768
+    seen = {}
+
+    def stop(*args, **kwargs):
+        seen.update(sys._getframe(1).f_globals['config'])
+        raise SystemExit(0)
+    monkeypatch.setattr(checkpoint, 'on_rank_0', stop)
+    code, _, _ = script_here('train.py', os.path.join(REPO, 'config', 'train_gpu_check.py'), f'--data_dir={tmp_path}',
+                             '--device=cpu', '--dtype=float32')
+    assert code == 0 and seen['n_embd'] == 768
