@@ -7,7 +7,8 @@ LIMe's cross-layer relatives, plugged into model.py's GPT: each rewires the resi
 - DenseFormer (arXiv 2402.02622; `denseformer=True`): a learned weighted average of earlier block outputs.
 - Attention Residuals (Kimi, arXiv 2603.15031; `attnres='full'|'block'|'block-<m>'`): a softmax mix over depth.
 - MUDDFormer (arXiv 2502.12170; `mudd=True`): per-token dense mixes of earlier block outputs, one each for the
-  next block's query, key, value and residual inputs.
+  next block's query, key, value and residual inputs; `mudd_prepost=True` adds PrePostDANorm (§2.5, eq. 10: the
+  authors' `mudd_prenorm` and `mudd_postnorm`), their normalization for deep-narrow models.
 - MoDA (mixture-of-depths attention, arXiv 2603.15619; `moda=True`): the one relative that changes attention
   instead of the stream: each head also attends to every earlier sub-layer's key and value at its position.
 
@@ -51,13 +52,14 @@ class RelativesConfig(GPTConfig):
     attnres: str = ""          # Attention Residuals: '' (off) or ATTNRES below: a softmax mix of earlier outputs
     moda: bool = False         # MoDA: attention also reads every earlier sub-layer's key and value at the same position
     mudd: bool = False         # MUDDFormer: a block's q, k, v, residual inputs per-token mixes of earlier block outputs
+    mudd_prepost: bool = False # MUDDFormer's PrePostDANorm (needs mudd): sources normed, residual way X + norm(mix)
 
     def __post_init__(self):
         super().__post_init__()
         check(self)
 
 
-OPTIONS = ('hc', 'hc_dynamic', 'mhc', 'denseformer', 'attnres', 'moda', 'mudd')
+OPTIONS = ('hc', 'hc_dynamic', 'mhc', 'denseformer', 'attnres', 'moda', 'mudd', 'mudd_prepost')
 
 
 def enabled(config):
@@ -99,6 +101,8 @@ def check(config):
         raise ValueError("hc_dynamic makes Hyper-Connections dynamic: set hc too, e.g. hc=4")
     if config.hc_dynamic and config.mhc == "dynamic":
         raise ValueError("mhc='dynamic' is dynamic already (the paper's maps); hc_dynamic is for hc and mhc='static'")
+    if config.mudd_prepost and not config.mudd:
+        raise ValueError("mudd_prepost is MUDDFormer's PrePostDANorm: set mudd too, e.g. mudd=True mudd_prepost=True")
     if config.attnres:
         attnres_block_sublayers(config.attnres, config.n_layer)  # raises on an unknown mode
     if sum(map(bool, (config.hc, config.denseformer, config.attnres, config.mudd))) > 1:
@@ -166,7 +170,8 @@ def flops(c, T):
     if c.attnres:  # each of the 2L + 1 reads: a logit and a multiply-add per source; the sources of read i
         m = attnres_block_sublayers(c.attnres, L)  # are the embedding, i // m completed blocks and a partial sum
         total += sum(4 * d * (1 + i // m + (i % m > 0)) for i in range(2 * L + 1))
-    if c.mudd:  # after block i: W1, W2 and, for each way, a multiply-add per source
+    if c.mudd:  # after block i: W1, W2 and, for each way, a multiply-add per source (PrePostDANorm's norms and
+        # its residual add are elementwise: no FLOPs counted)
         for i in range(L):
             ways, sources, hidden = mudd_shape(c, i)
             total += 2 * d * hidden + 2 * hidden * ways * sources + 2 * ways * sources * d
@@ -274,7 +279,9 @@ class DynamicMHC(nn.Module):
         H~pre = a_pre (x' phi_pre) + b_pre,  H~post = a_post (x' phi_post) + b_post   (1 x n)
         H~res = a_res mat(x' phi_res) + b_res                                          (n x n)
         H_pre = sigmoid(H~pre), H_post = 2 sigmoid(H~post), H_res = Sinkhorn-Knopp(H~res)
-    and the layer x <- H_res x + H_post^T F(H_pre x). Gating scalars a start at 0.01 (the paper's);
+    and the layer x <- H_res x + H_post^T F(H_pre x). Sinkhorn-Knopp as eq. (9): M = exp(H~res), then 20 times
+    M <- T_r(T_c(M)), columns normalized, then rows: the rows of H_res (the weights that make one new stream)
+    sum to 1 exactly, the columns as far as 20 steps converge. Gating scalars a start at 0.01 (the paper's);
     phi starts at 0 and b at: b_pre = +-log 9 (H_pre 0.9 on stream index % n, 0.1 on the others: the
     streams' symmetry broken as HC's one-hot does), b_post = 0 (H_post = 1), b_res = 4 I (H_res near the
     identity). At init all n streams are copies of the baseline's residual stream."""
@@ -295,17 +302,19 @@ class DynamicMHC(nn.Module):
         x = F.rms_norm(H.flatten(-2), (H.size(-2) * H.size(-1),), eps=self.eps)  # eq. (7): x'
         pre = torch.sigmoid(self.scale_pre * self.phi_pre(x) + self.b_pre)
         post = 2 * torch.sigmoid(self.scale_post * self.phi_post(x) + self.b_post)
-        res = sinkhorn(self.scale_res * self.phi_res(x).unflatten(-1, (self.n, self.n)) + self.b_res)
-        return pre, res, post
+        logits = self.scale_res * self.phi_res(x).unflatten(-1, (self.n, self.n)) + self.b_res  # res[i, j] from [i, j]
+        res = sinkhorn(logits.mT).mT  # eq. (9), T_r(T_c(.)): sinkhorn() ends on columns, so on the transpose's
+        return pre, res, post         # columns: res's rows, each new stream's weights, sum to 1 exactly
 
 
 SINKHORN_ITERS = 20  # mHC's t_max
 
 
 def sinkhorn(logits, iters=SINKHORN_ITERS):
-    """Sinkhorn-Knopp (mHC): exp(logits), its rows and then its columns normalized to sum 1, `iters` times:
-    a doubly stochastic matrix (non-negative, rows and columns summing to 1; the columns exactly).
-    logits: (..., n, n)."""
+    """Sinkhorn-Knopp: exp(logits), its rows and then its columns normalized to sum 1, `iters` times: a doubly
+    stochastic matrix (non-negative, rows and columns summing to 1; the columns exactly). logits: (..., n, n).
+    Static mHC takes this of HC's alpha and transposes it (its rows exact, as mHC's eq. (9) has them); dynamic
+    mHC's eq. (9), T_r(T_c(.)), rows last, is sinkhorn(logits.mT).mT."""
     M = (logits - logits.amax(dim=(-2, -1), keepdim=True)).exp()  # the shift cancels; it keeps exp finite
     for _ in range(iters):
         M = M / M.sum(dim=-1, keepdim=True)
@@ -452,6 +461,12 @@ class DepthStream(Stream):
 # Block i + 1 then computes  h = X^r + attn(q from ln_1(X^q), k from ln_k(X^k), v from ln_v(X^v)),
 # out = h + mlp(ln_2(h)). After the last block one way only: the input to the final norm. W2 = 0 and a_i
 # one-hot on X_{i+1} at init: every X^c is the block's output, so the model computes the baseline function.
+# PrePostDANorm (mudd_prepost; §2.5, eq. 10, for deep-narrow models; here as the authors' JAX code has it,
+# mudd_prenorm and mudd_postnorm in jax/MaxText/layers/models.py and llama2.py): every source through its own
+# RMSNorm (with a gain) before it is mixed, W1's input norm with a gain, and the residual way (after the last
+# block: the one way) X^r = X_{i+1} + RMSNorm_post(sum_j A_i[r, j] RMSNorm_j(X_j)), its gain 0.001 at init;
+# a_i = 0 at init. So at init the query, key and value inputs of blocks 1.. are zero (their attention adds 0)
+# and X^r is the block's output: not the baseline function.
 MUDD_WAYS = 4  # query, key, value, residual
 
 
@@ -466,19 +481,29 @@ def mudd_shape(config, i):
 class MUDDConnection(nn.Module):
     """The weights of the dense connection after block i: W1 (d x hidden), W2 (hidden x ways * sources), the
     static a_i (ways x sources), and the RMSNorms of the next block's key and value inputs (its query input
-    goes through that block's ln_1, as before)."""
+    goes through that block's ln_1, as before). With PrePostDANorm (mudd_prepost) also: ln_source, the norm of
+    this source X_{i+1} (after block 0 also ln_embedding, X_0's), ln_w1, W1's input norm (a gain: the authors'),
+    and ln_post, the residual way's norm (gain 0.001 at init); a_i = 0 at init."""
 
     def __init__(self, config, i):
         super().__init__()
         self.ways, self.sources, hidden = mudd_shape(config, i)
-        d, self.eps = config.n_embd, config.norm_eps
+        d, self.eps, self.prepost = config.n_embd, config.norm_eps, config.mudd_prepost
         self.w1 = nn.Parameter(torch.empty(d, hidden))  # drawn by reset_parameters, after the baseline's weights
         self.w2 = nn.Parameter(torch.zeros(hidden, self.ways * self.sources))
         bias = torch.zeros(self.ways, self.sources)
-        bias[:, -1] = 1.0  # a_i one-hot on block i's own output
+        if not self.prepost:
+            bias[:, -1] = 1.0  # a_i one-hot on block i's own output (PrePostDANorm: 0, the authors')
         self.bias = nn.Parameter(bias)
         if self.ways > 1:
             self.ln_k, self.ln_v = nn.RMSNorm(d, eps=config.norm_eps), nn.RMSNorm(d, eps=config.norm_eps)
+        if self.prepost:  # no RNG draw: gains 1, the post norm's 0.001
+            if i == 0:
+                self.ln_embedding = nn.RMSNorm(d, eps=config.norm_eps)
+            self.ln_source, self.ln_w1 = nn.RMSNorm(d, eps=config.norm_eps), nn.RMSNorm(d, eps=config.norm_eps)
+            self.ln_post = nn.RMSNorm(d, eps=config.norm_eps)
+            with torch.no_grad():
+                self.ln_post.weight.fill_(0.001)
 
     @torch.no_grad()
     def reset_parameters(self):
@@ -487,34 +512,42 @@ class MUDDConnection(nn.Module):
         self.w1.normal_(0.0, self.w1.size(0) ** -0.5)
 
     def forward(self, x):  # x: block i's output X_{i+1} (B, T, d) -> A_i (ways, B, T, sources)
-        a = F.gelu(F.rms_norm(x, (x.size(-1),), eps=self.eps) @ self.w1) @ self.w2  # (B, T, ways * sources)
+        x = self.ln_w1(x) if self.prepost else F.rms_norm(x, (x.size(-1),), eps=self.eps)
+        a = F.gelu(x @ self.w1) @ self.w2  # (B, T, ways * sources)
         return a.unflatten(-1, (self.ways, self.sources)).permute(2, 0, 1, 3) + self.bias[:, None, None, :]
 
 
 class MUDDStream(Stream):
-    """The embedding and every block's output so far, and the four inputs of the next block."""
+    """The embedding and every block's output so far (as mixed: normed with PrePostDANorm), and the four inputs
+    of the next block."""
 
     def __init__(self, model, x):
         self.connections = model.mudd
+        self.prepost = model.config.mudd_prepost
         x = x.float()
-        self.outputs = [x]       # X_0 and the blocks' outputs X_1, X_2, ...
+        with fp32(x):  # the sources X_0, X_1, ...: the embedding and the blocks' outputs (PrePostDANorm: normed)
+            self.sources = [self.connections[0].ln_embedding(x) if self.prepost else x]
         self.inputs = (x,) * 4   # the next block's X^q, X^k, X^v, X^r (block 0: the embedding)
 
     def block(self, block, rope, kv_stack, cache):
         x_q, x_k, x_v, x_r = self.inputs
-        if len(self.outputs) == 1:  # block 0: one input, the baseline's attention
+        i = len(self.sources) - 1  # this block's index
+        if i == 0:  # block 0: one input, the baseline's attention
             y = block.attn(block.ln_1(x_q), rope, kv_stack, cache)
         else:  # its key and value inputs through their own norms
-            connection = self.connections[len(self.outputs) - 2]
+            connection = self.connections[i - 1]
             y = mudd_attention(block.attn, block.ln_1(x_q), connection.ln_k(x_k), connection.ln_v(x_v),
                                rope, kv_stack, cache)
         h = x_r + y.float()
         out = h + block.mlp(block.ln_2(h)).float()
-        self.outputs.append(out)  # the block's output joins the sources; the mixes make the next block's inputs
-        with fp32(out):
-            A = self.connections[len(self.outputs) - 2](out)  # (ways, B, T, sources)
-            mixed = sum(A[..., j, None] * X for j, X in enumerate(self.outputs))  # (ways, B, T, d)
-        self.inputs = mixed.unbind(0)
+        connection = self.connections[i]
+        with fp32(out):  # the block's output joins the sources; the mixes make the next block's inputs
+            self.sources.append(connection.ln_source(out) if self.prepost else out)
+            A = connection(out)  # (ways, B, T, sources)
+            mixed = list(sum(A[..., j, None] * X for j, X in enumerate(self.sources)).unbind(0))  # ways x (B, T, d)
+            if self.prepost:  # eq. (10): the residual way (the last) is the block's output plus the normed mix
+                mixed[-1] = out + connection.ln_post(mixed[-1])
+        self.inputs = tuple(mixed)
 
     def output(self):
         return self.inputs[-1]  # after the last block, the final mix

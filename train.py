@@ -71,6 +71,7 @@ mhc = ''                   # mHC (with hc; for comparison): 'dynamic' (the paper
 denseformer = False        # DenseFormer's learned average of earlier block outputs (for comparison)
 attnres = ''               # Attention Residuals (for comparison): '' (off), 'full', 'block', 'block-<m>'
 mudd = False               # MUDDFormer's per-token dense mixes into each block's q, k, v and residual (for comparison)
+mudd_prepost = False       # with mudd: MUDDFormer's PrePostDANorm (its paper's fix for deep-narrow models)
 moda = False               # MoDA (for comparison): attention also reads earlier sub-layers' keys at each position
 # optimizer: 'adamw' (the paper's) or 'muon' (torch.optim.Muon on the blocks' projection matrices, AdamW on the rest)
 optimizer = 'adamw'
@@ -210,8 +211,8 @@ if ckpt is not None:
     ckpt_log, ckpt = ckpt.get('log'), None  # its copy of the log (older checkpoints: None); free the mapped file
 flops_per_token = model.flops_per_token(block_size)
 if master:
-    print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, variant "
-          f"{variant_name(lime, router, router_init, hc, hc_dynamic, mhc, denseformer, attnres, mudd, moda)}, "
+    model_variant = variant_name(lime, router, router_init, hc, hc_dynamic, mhc, denseformer, attnres, mudd, moda, mudd_prepost)
+    print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, variant {model_variant}, "
           f"{flops_per_token / 1e6:.2f} MFLOPs/token "
           f"forward; device {device}, {ptdtype}, compile {use_compile}")
 raw_model = model  # the plain module: its state_dict has no compile/DDP prefixes

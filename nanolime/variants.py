@@ -2,7 +2,7 @@
 
     component[:mode]  ('+' component[:mode] ...)  [@router_init]  (~key=value ...)
 
-    lime, lime:first-2+attnres:block, mhc:static, hc8:dynamic, lime@identity~router_lr=0.002
+    lime, lime:first-2+attnres:block, mhc:static, hc8:dynamic, mudd:prepost, lime@identity~router_lr=0.002
 """
 import difflib
 import re
@@ -13,16 +13,18 @@ VARIANT_COMPONENTS = {  # component -> model options; every other relative's opt
     'baseline': {}, 'lime': {'lime': True}, 'hc': {'hc': 4}, 'mhc': {'hc': 4, 'mhc': 'dynamic'},
     'denseformer': {'denseformer': True}, 'attnres': {'attnres': 'full'}, 'mudd': {'mudd': True},
     'moda': {'moda': True}}
-VARIANT_MODES = {'lime': 'router', 'attnres': 'attnres', 'mhc': 'mhc', 'hc': 'hc_dynamic'}  # what ':' sets
+VARIANT_MODES = {'lime': 'router', 'attnres': 'attnres', 'mhc': 'mhc', 'hc': 'hc_dynamic',
+                 'mudd': 'mudd_prepost'}  # what ':' sets
+VARIANT_SWITCHES = {'hc_dynamic': 'dynamic', 'mudd_prepost': 'prepost'}  # modes that switch an option on: their one name
 VARIANT_PLAIN = {'lime': False, 'hc': 0, 'hc_dynamic': False, 'mhc': '', 'denseformer': False, 'attnres': '',
-                 'mudd': False, 'moda': False}  # the baseline: every variant sets all of these
+                 'mudd': False, 'mudd_prepost': False, 'moda': False}  # the baseline: every variant sets all of these
 VARIANT_GRAMMAR = ("components baseline, lime, hc, hc<N>, mhc, denseformer, attnres, mudd, moda joined by '+'; "
-                   "a mode after ':' (lime:first-2, attnres:block, mhc:static, hc:dynamic); LIMe's router init "
+                   "a mode after ':' (lime:first-2, attnres:block, mhc:static, hc:dynamic, mudd:prepost); LIMe's router init "
                    "after '@' (lime@identity); train.py options after '~' (lime~router_lr=0.002)")
 
 
 def variant_name(lime=False, router='full', router_init='paper', hc=0, hc_dynamic=False, mhc='', denseformer=False,
-                 attnres='', mudd=False, moda=False):
+                 attnres='', mudd=False, moda=False, mudd_prepost=False):
     """The variant name of a model's options, in parse_variant's grammar (without '~' options): 'baseline',
     'lime', 'lime:first-2+attnres:block', 'mhc:static', 'hc8:dynamic', 'lime@identity', ..."""
     parts = [] if not lime else ['lime' if router == 'full' else f'lime:{router}']
@@ -33,7 +35,7 @@ def variant_name(lime=False, router='full', router_init='paper', hc=0, hc_dynami
     parts += ['denseformer'] * bool(denseformer)
     if attnres:
         parts += ['attnres' if attnres == 'full' else f'attnres:{attnres}']
-    parts += ['mudd'] * bool(mudd) + ['moda'] * bool(moda)
+    parts += [f"mudd{':prepost' if mudd_prepost else ''}"] * bool(mudd) + ['moda'] * bool(moda)
     return '+'.join(parts or ['baseline']) + (f'@{router_init}' if lime and router_init != 'paper' else '')
 
 
@@ -58,11 +60,12 @@ def parse_variant(variant):
                             f"{f'; did you mean {close[0]!r}?' if close else ''}: {VARIANT_GRAMMAR}")
         opts.update({'hc': int(rate[1])} if rate else VARIANT_COMPONENTS[component])
         key = VARIANT_MODES.get('hc' if rate else component)
-        if colon and (not key or not mode or key == 'hc_dynamic' and mode != 'dynamic'):
-            modes = ', '.join(f'{c}:<{k}>' for c, k in VARIANT_MODES.items() if k != 'hc_dynamic')
-            raise UserError(f"variant '{variant}': '{part}' takes no such mode; modes: {modes}, hc:dynamic")
+        if colon and (not key or not mode or key in VARIANT_SWITCHES and mode != VARIANT_SWITCHES[key]):
+            modes = ', '.join(f'{c}:{VARIANT_SWITCHES[k]}' if k in VARIANT_SWITCHES else f'{c}:<{k}>'
+                              for c, k in VARIANT_MODES.items())
+            raise UserError(f"variant '{variant}': '{part}' takes no such mode; modes: {modes}")
         if colon:
-            opts[key] = True if key == 'hc_dynamic' else mode
+            opts[key] = True if key in VARIANT_SWITCHES else mode
     if init:
         if not opts['lime']:
             raise UserError(f"variant '{variant}': a router init ('@') needs lime, e.g. lime@identity")

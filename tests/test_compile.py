@@ -60,7 +60,8 @@ VARIANTS = [dict(lime=True, router=r) for r in ("average", "dynamic", "first-1")
     dict(lime=True, router="last-2", n_kv_head=2), dict(lime=True, hc=2, hc_dynamic=True),
     dict(denseformer=True, lime=True), dict(hc=2, hc_dynamic=True, mhc="static", n_layer=1),
     dict(hc=2, mhc="dynamic", lime=True, n_layer=1), dict(attnres="full"), dict(attnres="block-4", lime=True),
-    dict(mudd=True), dict(mudd=True, lime=True, n_kv_head=2), dict(moda=True, n_kv_head=2)]
+    dict(mudd=True), dict(mudd=True, lime=True, n_kv_head=2), dict(mudd=True, mudd_prepost=True, n_layer=2),
+    dict(moda=True, n_kv_head=2)]
 # (mHC at one layer: its 20 Sinkhorn steps per read make a long graph, and each layer repeats the same code)
 
 

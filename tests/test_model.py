@@ -139,7 +139,8 @@ def test_identity_routers_give_the_baseline():
 @pytest.mark.parametrize("kw", [dict(lime=True), dict(lime=True, router="dynamic"), dict(lime=True, router_init="identity"),
                                 dict(lime=True, router="first-2", tie_embeddings=False), dict(hc=2, hc_dynamic=True, mhc="static"),
                                 dict(hc=2, mhc="dynamic", lime=True), dict(attnres="block"), dict(denseformer=True, lime=True),
-                                dict(mudd=True), dict(mudd=True, lime=True), dict(moda=True)],
+                                dict(mudd=True), dict(mudd=True, lime=True), dict(mudd=True, mudd_prepost=True),
+                                dict(moda=True)],
                          ids=str)
 def test_one_seed_gives_every_variant_the_baseline_weights(kw):
     """Runs paired by seed start from the same weights: every parameter the baseline has, a variant built
@@ -169,7 +170,7 @@ def test_the_model_is_built_on_the_default_device():
 @pytest.mark.parametrize("kw", [dict(), dict(lime=True), dict(lime=True, router="dynamic", n_kv_head=2),
                                 dict(hc=4, hc_dynamic=True), dict(lime=True, hc=2),
                                 dict(hc=2, mhc="dynamic"), dict(attnres="block-3", lime=True),
-                                dict(denseformer=True, lime=True)])
+                                dict(denseformer=True, lime=True), dict(mudd=True), dict(mudd=True, mudd_prepost=True)])
 def test_causality(kw):
     model = scramble(build(**kw))
     for module in model.modules():  # make HC and mHC non-trivial too

@@ -1,8 +1,10 @@
 """LIMe's 2026 relatives against independent references: Attention Residuals (Full and Block) against
 a naive AttnRes written from the equation in this file (a Python loop over sources, softmax over depth,
 block sums recomputed from scratch), in outputs and every gradient; mHC's Sinkhorn matrices doubly
-stochastic and of Sinkhorn's form; mHC without its constraint is HC; MoDA against its joint softmax
-written per position; init, counts, cached decoding, optimizer groups. (torch.compile: tests/test_compile.py.)"""
+stochastic and of Sinkhorn's form, the dynamic form's as eq. (9) (rows last); mHC without its constraint is HC;
+MUDDFormer (and its PrePostDANorm, eq. (10)) against its equations; MoDA against its joint softmax written per
+position; init, counts, cached decoding, optimizer groups (every relative's weights decayed or not, as
+docs/deviations.md says). (torch.compile: tests/test_compile.py.)"""
 import contextlib
 import math
 import types
@@ -226,8 +228,9 @@ def test_mhc_counts():
 # ----------------------------------------------------------------------------- both
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_mixing_weights_train_without_decay(optimizer):
-    """AttnRes's queries and key gains, mHC's coefficients: gradients, and AdamW without weight decay at
-    learning_rate (with Muon too), as HC's and DenseFormer's; MUDD's W1, W2, a_i and norms too. Muon takes none."""
+    """AttnRes's queries and key gains, static mHC's coefficients: gradients, and AdamW without weight decay at
+    learning_rate (with Muon too), as static HC's and DenseFormer's; MUDD's W1, W2, a_i and norms too. Muon takes
+    none. (Which relatives' weights are decayed: test_every_relatives_weights_are_decayed_as_documented.)"""
     for kw in (dict(attnres="block-3"), dict(hc=4, mhc="static"), dict(mudd=True)):
         model = scramble_mudd(scramble(build(**kw)))
         x = torch.randint(0, V, (2, 16))
@@ -243,7 +246,47 @@ def test_mixing_weights_train_without_decay(optimizer):
         assert all(any(p is params[n] for p in no_decay["params"]) for n in names)
 
 
+# Every relative's own parameters (named without the layer index and the hc_attn / hc_mlp module; 'mlp.moda_kv'
+# is in each MLP), decayed (True) or not (False) by AdamW in configure_optimizers: nn.Linear weights decayed, every
+# other parameter not. docs/deviations.md ("Weight decay of the relatives' weights") says the same, row for row.
+HC_STATIC = {"static_alpha": False, "static_beta": False}
+HC_DYNAMIC = {**HC_STATIC, "norm.weight": False, "dynamic_alpha.weight": True, "dynamic_beta.weight": True,
+              "alpha_scale": False, "beta_scale": False}
+MUDD = {"mudd.w1": False, "mudd.w2": False, "mudd.bias": False, "mudd.ln_k.weight": False, "mudd.ln_v.weight": False}
+WEIGHT_DECAY = [
+    (dict(hc=4), HC_STATIC), (dict(hc=4, hc_dynamic=True), HC_DYNAMIC),
+    (dict(hc=4, mhc="static"), HC_STATIC), (dict(hc=4, mhc="static", hc_dynamic=True), HC_DYNAMIC),
+    (dict(hc=4, mhc="dynamic"), {**{f"phi_{m}.weight": True for m in ("pre", "post", "res")},
+                                 **{f"{k}_{m}": False for k in ("b", "scale") for m in ("pre", "post", "res")}}),
+    (dict(denseformer=True), {"dwa.weight": False}),
+    (dict(attnres="block"), {"attn_res.query": False, "attn_res.key_weight": False}),
+    (dict(mudd=True), MUDD),
+    (dict(mudd=True, mudd_prepost=True), {**MUDD, **{f"mudd.{n}.weight": False
+                                                     for n in ("ln_embedding", "ln_source", "ln_w1", "ln_post")}}),
+    (dict(moda=True), {"mlp.moda_kv.weight": True})]
+
+
+@pytest.mark.parametrize("kw, table", WEIGHT_DECAY, ids=[str(kw) for kw, _ in WEIGHT_DECAY])
+def test_every_relatives_weights_are_decayed_as_documented(kw, table):
+    """Each parameter a relative adds to the baseline sits in AdamW's 'decay' or 'no_decay' group as WEIGHT_DECAY
+    (and docs/deviations.md) says: every such parameter is in the table, and the table has no other."""
+    base = {n for n, _ in build().named_parameters()}
+    model = build(**kw)
+    opt = model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu")
+    group = {id(p): g["name"] for g in opt.param_groups for p in g["params"]}
+    seen = {}
+    for name, p in model.named_parameters():
+        if name not in base:
+            key = ".".join(s for s in name.split(".") if not s.isdigit() and s not in ("transformer", "h", "hc_attn",
+                                                                                      "hc_mlp"))
+            assert group[id(p)] in ("decay", "no_decay"), name
+            assert seen.setdefault(key, group[id(p)] == "decay") == (group[id(p)] == "decay"), name
+    assert seen == table
+    assert next(g for g in opt.param_groups if g["name"] == "decay")["weight_decay"] == 0.1
+
+
 @pytest.mark.parametrize("bad, match", [
+    (dict(mudd_prepost=True), "mudd_prepost is MUDDFormer's PrePostDANorm: set mudd too"),
     (dict(attnres="blocks"), "unknown attnres"),
     (dict(attnres="block-0"), "unknown attnres"),
     (dict(attnres="full", hc=4), "use one of them"),
@@ -273,7 +316,7 @@ def test_config_validation(bad, match):
 
 @pytest.mark.parametrize("stream", [dict(hc=2), dict(hc=2, hc_dynamic=True), dict(hc=2, mhc="static"),
                                     dict(hc=2, mhc="dynamic"), dict(denseformer=True), dict(attnres="block-3"),
-                                    dict(mudd=True)], ids=str)
+                                    dict(mudd=True), dict(mudd=True, mudd_prepost=True)], ids=str)
 def test_lime_combines_with_every_stream(stream):
     """LIMe with each relative's stream: a model, its routers and the relative's weights all get gradients."""
     model = scramble_mudd(scramble(build(lime=True, n_kv_head=2, **stream)))
@@ -288,9 +331,8 @@ def test_lime_combines_with_every_stream(stream):
 def naive_mhc(model, idx, targets):
     """The model's function with mHC as the paper writes it (eqs. 7-9), per token, for n streams x (n x d):
     x' = RMSNorm(vec x); H_pre = sigmoid(a_pre x' phi_pre + b_pre), H_post = 2 sigmoid(a_post x' phi_post +
-    b_post), H_res = Sinkhorn-Knopp(a_res mat(x' phi_res) + b_res): exp, then 20 times rows and columns
-    normalized; x <- H_res x + H_post^T F(H_pre x). The streams start as copies of the embedding and are
-    summed before the final norm."""
+    b_post), H_res = Sinkhorn-Knopp(a_res mat(x' phi_res) + b_res) as eq. (9) (sinkhorn_eq9); x <- H_res x +
+    H_post^T F(H_pre x). The streams start as copies of the embedding and are summed before the final norm."""
     n, d, eps = model.config.hc, model.config.n_embd, model.config.norm_eps
     x = model.transformer.wte(idx).unsqueeze(2).repeat(1, 1, n, 1)  # (B, T, n, d)
     kv_stack = None  # with LIMe, its stacked KV (LIMe itself is checked against eq. (2) in test_model.py)
@@ -303,14 +345,22 @@ def naive_mhc(model, idx, targets):
             v = v / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + eps)  # RMSNorm(vec x), no gain
             pre = torch.sigmoid(conn.scale_pre * (v @ conn.phi_pre.weight.T) + conn.b_pre)
             post = 2 * torch.sigmoid(conn.scale_post * (v @ conn.phi_post.weight.T) + conn.b_post)
-            P = torch.exp(conn.scale_res * (v @ conn.phi_res.weight.T).reshape(*x.shape[:2], n, n) + conn.b_res)
-            for _ in range(20):
-                P = P / P.sum(-1, keepdim=True)
-                P = P / P.sum(-2, keepdim=True)
+            P = sinkhorn_eq9(conn.scale_res * (v @ conn.phi_res.weight.T).reshape(*x.shape[:2], n, n) + conn.b_res)
             h = torch.einsum("btj,btjd->btd", pre, x)
             x = torch.einsum("btij,btjd->btid", P, x) + post[..., None] * sublayer(h)[:, :, None, :]
     logits = model.lm_head(model.transformer.ln_f(x.sum(2)))
     return logits, F.cross_entropy(logits.view(-1, V), targets.view(-1))
+
+
+def sinkhorn_eq9(logits, t_max=20):
+    """mHC's eq. (9), written out: M^(0) = exp(H~res), M^(t) = T_r(T_c(M^(t-1))), T_c dividing each column by its
+    sum, T_r each row (rows last), t_max = 20 (Table 5); H_res = M^(t_max), H_res[i, j] the weight of stream j
+    in the new stream i (x_{l+1} = H_res x_l): row i sums to 1 exactly."""
+    M = torch.exp(logits)
+    for _ in range(t_max):
+        M = M / M.sum(dim=-2, keepdim=True)  # T_c: columns
+        M = M / M.sum(dim=-1, keepdim=True)  # T_r: rows
+    return M
 
 
 def scramble_mhc(model, seed=0):
@@ -328,6 +378,27 @@ def test_dynamic_mhc_matches_the_equations(kw):
     """The model's mHC against naive_mhc: logits and every gradient (phi, b, the scales, every projection)."""
     model = scramble_mhc(build(mhc="dynamic", **kw))
     assert_matches(model, naive_mhc)
+
+
+def test_dynamic_mhc_residual_matrix_is_eq_9():
+    """H_res per token as eq. (9) (sinkhorn_eq9, rows normalized last) on logits far from the init (b_res with
+    std 3, phi random): every row sums to 1 to 1e-6 in float64, and the matrix is eq. (9)'s to 1e-6; the
+    columns only as far as 20 steps converge (here visibly not: the check that the rows are the exact side).
+    Rows then columns (the form before the fix) leaves the rows off by more than 1e-6 here."""
+    model = build(hc=4, mhc="dynamic").double()
+    conn = model.transformer.h[1].hc_attn
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        conn.b_res.copy_(torch.randn(4, 4, generator=g, dtype=torch.float64) * 3)
+        conn.phi_res.weight.copy_(torch.randn(conn.phi_res.weight.shape, generator=g, dtype=torch.float64))
+        conn.scale_res.fill_(0.5)
+    H = torch.randn(3, 7, 4, 32, generator=g, dtype=torch.float64)
+    _, res, _ = conn(H)
+    x = F.rms_norm(H.flatten(-2), (4 * 32,), eps=model.config.norm_eps)
+    want = sinkhorn_eq9(conn.scale_res * (x @ conn.phi_res.weight.T).unflatten(-1, (4, 4)) + conn.b_res)
+    assert (res.sum(-1) - 1).abs().max() <= 1e-6
+    torch.testing.assert_close(res, want, atol=1e-6, rtol=0)
+    assert (res.sum(-2) - 1).abs().max() > 1e-6  # the columns are the inexact side: the logits are far enough
 
 
 def test_dynamic_mhc_init():
@@ -366,7 +437,8 @@ def test_dynamic_mhc_counts():
 
 # ----------------------------------------------------------------------------- mixing in float32 under autocast
 @pytest.mark.parametrize("kw", [dict(hc=4, mhc="dynamic"), dict(hc=4, mhc="static"), dict(hc=4, hc_dynamic=True),
-                                dict(attnres="block-3"), dict(attnres="full"), dict(denseformer=True), dict(mudd=True)],
+                                dict(attnres="block-3"), dict(attnres="full"), dict(denseformer=True), dict(mudd=True),
+                                dict(mudd=True, mudd_prepost=True)],
                          ids=str)
 def test_mixing_runs_in_float32_under_bf16_autocast(kw, monkeypatch):
     """A stream fed the same bf16 sub-layer outputs under bf16 autocast (CPU) and in float32 without it reads
@@ -420,11 +492,18 @@ def naive_mudd(model, idx, targets):
     block i's output; block i reads four inputs, h = X^r + attn(RMSNorm_q(X^q), RMSNorm_k(X^k), RMSNorm_v(X^v)),
     X_{i+1} = h + mlp(RMSNorm(h)); then per token A_i = GELU(RMSNorm(X_{i+1}) W1) W2 + a_i (RMSNorm without
     gain), rows (query, key, value, residual), and X^c = sum_j A_i[c, j] X_j; after the last block one row: the
-    final norm's input. Block 0's three attention inputs are the embedding, through one norm."""
+    final norm's input. Block 0's three attention inputs are the embedding, through one norm.
+    With mudd_prepost, PrePostDANorm (§2.5, eq. 10) as the authors' JAX code has it (mudd_prenorm, mudd_postnorm):
+    every source through its own RMSNorm with a gain, Y_j = RMSNorm_j(X_j); A_i's RMSNorm with a gain; the mixes
+    X^c = sum_j A_i[c, j] Y_j, except the residual way (the last; after the last block the only one),
+    X^r = X_{i+1} + RMSNorm_post(sum_j A_i[r, j] Y_j). The norms written out here: x / sqrt(mean(x^2) + eps) * g."""
     c = model.config
+    rms = lambda x, g: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + c.norm_eps) * g
+    prepost = c.mudd_prepost
     H, H_kv, d = c.n_head, c.n_kv_head, c.n_embd
     hs = d // H
     X = [model.transformer.wte(idx)]
+    Y = [rms(X[0], model.mudd[0].ln_embedding.weight) if prepost else X[0]]  # the sources as mixed
     inputs = [X[0]] * 4
     B, T, _ = X[0].shape
     causal = torch.ones(T, T, dtype=torch.bool).tril()
@@ -440,10 +519,13 @@ def naive_mudd(model, idx, targets):
         att = (q @ k.transpose(-1, -2) / math.sqrt(hs)).masked_fill(~causal, float("-inf")).softmax(-1)
         h = inputs[3] + (att @ v).transpose(1, 2).reshape(B, T, d) @ attn.o_proj.weight.T
         X.append(h + block.mlp(block.ln_2(h)))
-        x = X[-1] / torch.sqrt(X[-1].pow(2).mean(-1, keepdim=True) + c.norm_eps)
+        x = rms(X[-1], conn.ln_w1.weight if prepost else 1.0)
+        Y.append(rms(X[-1], conn.ln_source.weight) if prepost else X[-1])
         ways = 4 if i < c.n_layer - 1 else 1
         A = (F.gelu(x @ conn.w1) @ conn.w2).view(B, T, ways, i + 2) + conn.bias  # (B, T, ways, i + 2)
-        inputs = [sum(A[:, :, w, j, None] * X[j] for j in range(i + 2)) for w in range(ways)]
+        inputs = [sum(A[:, :, w, j, None] * Y[j] for j in range(i + 2)) for w in range(ways)]
+        if prepost:  # eq. (10): the residual way
+            inputs[-1] = X[-1] + rms(inputs[-1], conn.ln_post.weight)
     logits = model.lm_head(model.transformer.ln_f(inputs[0]))
     return logits, F.cross_entropy(logits.view(-1, V), targets.view(-1))
 
@@ -454,6 +536,38 @@ def test_mudd_matches_the_equations(kw):
     norms, every projection, the embedding)."""
     model = scramble_mudd(build(mudd=True, **kw))
     assert_matches(model, naive_mudd, grad_atol=lambda ref: 1e-4 * ref.abs().max().item())  # float32 rounding
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(n_kv_head=2), dict(n_layer=1), dict(n_layer=3, n_embd=64)], ids=str)
+def test_mudd_prepost_matches_eq_10(kw):
+    """MUDD with PrePostDANorm (mudd_prepost) against naive_mudd's eq. (10): logits and every gradient (the
+    source norms, W1's norm and the post norm included). Without the norms (mudd_prepost's code off) it fails."""
+    model = scramble_mudd(build(mudd=True, mudd_prepost=True, **kw))
+    assert_matches(model, naive_mudd, grad_atol=lambda ref: 1e-4 * ref.abs().max().item())
+
+
+def test_mudd_prepost_init():
+    """PrePostDANorm's init, the authors' (jax/MaxText/layers/llama2.py, models.py): a_i = 0, the post norm's gain
+    0.001, the other norms' 1; W1 as plain MUDD's (one seed, the same draw). Its norms are parameters only: the
+    parameter count grows by d per norm, the FLOP count not at all. At init the query, key and value inputs of
+    blocks 1.. are 0, so their attention adds nothing: every block after the first is its MLP on the stream."""
+    L, d = 4, 32
+    plain, model = build(seed=3, mudd=True), build(seed=3, mudd=True, mudd_prepost=True)
+    for i, (p, conn) in enumerate(zip(plain.mudd, model.mudd)):
+        assert torch.equal(conn.w1, p.w1) and conn.bias.abs().max() == 0 and conn.w2.abs().max() == 0
+        assert torch.equal(conn.ln_post.weight, torch.full((d,), 0.001))
+        norms = [conn.ln_source, conn.ln_w1] + ([conn.ln_embedding] if i == 0 else [])
+        assert all(torch.equal(n.weight, torch.ones(d)) for n in norms)
+    assert model.get_num_params() - plain.get_num_params() == d * (3 * L + 1)
+    assert model.flops_per_token(16) == plain.flops_per_token(16)
+    x = torch.randint(0, V, (2, 16))
+    h = model.transformer.wte(x)
+    h = h + model.transformer.h[0].attn(model.transformer.h[0].ln_1(h), model.rope)
+    for block in model.transformer.h:  # blocks 1..: their attention reads zero inputs and adds 0
+        h = h + block.mlp(block.ln_2(h))
+    torch.testing.assert_close(model(x, x)[0], model.lm_head(model.transformer.ln_f(h)), atol=1e-5, rtol=1e-5)
+    _, grads = loss_and_grads(model, x, x)
+    assert all(grads[f"mudd.{i}.{n}"].abs().sum() > 0 for i in range(L) for n in ("w2", "bias"))
 
 
 def test_mudd_at_init_is_the_baseline():
@@ -507,7 +621,8 @@ def test_mudd_counts():
 
 
 @pytest.mark.parametrize("kw", [dict(mudd=True), dict(mudd=True, n_kv_head=2, lime=True),
-                                dict(mudd=True, lime=True, router="dynamic")], ids=str)
+                                dict(mudd=True, lime=True, router="dynamic"), dict(mudd=True, mudd_prepost=True),
+                                dict(mudd=True, mudd_prepost=True, lime=True, n_kv_head=2)], ids=str)
 def test_mudd_cached_decoding_is_exact(kw):
     """MUDD mixes per position across depth only: decoding with the KV cache gives the full forward's logits,
     and generate() with and without the cache the same tokens."""

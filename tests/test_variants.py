@@ -13,6 +13,8 @@ def test_variant_grammar():
     parse, plain = variants.parse_variant, variants.VARIANT_PLAIN
     assert parse('baseline') == (plain, {})
     assert parse('moda') == ({**plain, 'moda': True}, {}) and parse('mudd') == ({**plain, 'mudd': True}, {})
+    assert parse('mudd:prepost') == ({**plain, 'mudd': True, 'mudd_prepost': True}, {})
+    assert parse('lime+mudd:prepost')[0] == {**plain, 'lime': True, 'mudd': True, 'mudd_prepost': True}
     assert parse('lime+hc')[0] == {**plain, 'lime': True, 'hc': 4} and parse('hc8')[0] == {**plain, 'hc': 8}
     assert parse('hc8:dynamic')[0] == {**plain, 'hc': 8, 'hc_dynamic': True}
     assert parse('mhc')[0] == {**plain, 'hc': 4, 'mhc': 'dynamic'} == parse('mhc:dynamic')[0]
@@ -26,6 +28,8 @@ def test_variant_grammar():
     for bad, message in [('lim', "unknown variant 'lim' in 'lim'; did you mean 'lime'?"),
                          ('hc0', "unknown variant 'hc0'"), ('baseline+xyz', "unknown variant 'xyz'"),
                          ('mudd:x', "'mudd:x' takes no such mode"), ('hc:static', "'hc:static' takes no such mode"),
+                         ('mudd:prenorm', "modes: lime:<router>, attnres:<attnres>, mhc:<mhc>, hc:dynamic, mudd:prepost"),
+                         ('moda:prepost', "'moda:prepost' takes no such mode"),
                          ('lime:', "'lime:' takes no such mode"), ('hc@identity', "needs lime"),
                          ('lime~router_lr', "expected '~key=value'"), ('lime~=3', "expected '~key=value'"),
                          ('lime~a=1~a=2', "a key is given twice after '~'")]:
@@ -36,8 +40,9 @@ def test_variant_grammar():
 def test_variant_name_inverts_parse_variant():
     """train.py names its model by variant_name; parsing that name gives back the same options."""
     names = ['baseline', 'lime', 'lime:first-2', 'lime:last-2@identity', 'lime@identity', 'hc', 'hc8', 'hc:dynamic',
-             'hc8:dynamic', 'mhc', 'mhc:static', 'mhc+hc8', 'denseformer', 'attnres', 'attnres:block-4', 'mudd', 'moda',
-             'lime+attnres:block', 'lime:average+mhc:static+denseformer+attnres+mudd+moda@identity']
+             'hc8:dynamic', 'mhc', 'mhc:static', 'mhc+hc8', 'denseformer', 'attnres', 'attnres:block-4', 'mudd', 'mudd:prepost', 'moda',
+             'lime+attnres:block', 'lime:average+mhc:static+denseformer+attnres+mudd+moda@identity',
+             'lime:last-2+mudd:prepost']
     defaults = {'router': 'full', 'router_init': 'paper'}
     for name in names:
         opts = {**defaults, **variants.parse_variant(name)[0]}
