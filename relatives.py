@@ -10,6 +10,8 @@ LIMe's cross-layer relatives, plugged into model.py's GPT: each rewires the resi
   next block's query, key, value and residual inputs.
 - MoDA (mixture-of-depths attention, arXiv 2603.15619; `moda=True`): the one relative that changes attention
   instead of the stream: each head also attends to every earlier sub-layer's key and value at its position.
+- CompleteP (arXiv 2505.01618; `depth_scaling='completep'`, `depth_base`) is no relative but a depth scaling: each
+  attention and MLP output times depth_base / n_layer, AdamW's eps too (section "Depth scaling (CompleteP)").
 
 model.py knows none of them: this file extends it. RelativesConfig is GPTConfig plus the relatives' options (all
 off: GPTConfig's model); RelativesGPT is model.GPT with a relative's weights added after the baseline's (attach:
@@ -623,18 +625,20 @@ class DepthKV:
 # CompleteP (Dey et al., arXiv 2505.01618) is depth-muP with alpha = 1: a learning rate tuned at the base depth L_base
 # stays optimal at depth L. Its rules for AdamW at fixed width (width multiplier m_N = 1), with m_L = L / L_base, each
 # a row of the paper's Table 1 as the authors' reference code implements it (EleutherAI/nanoGPT-mup, branch
-# completep, commit 6f8bc3b, model.py; its line numbers):
-#   residual branch multiplier  m_L^-alpha = L_base / L, on every attention and MLP output   (Block, l. 113-118)
-#   AdamW epsilon               eps m_N^-1 m_L^-alpha = eps L_base / L, in every group        (configure_optimizers, l. 335)
-#   hidden weights' lr          eta m_N^-1 m_L^(alpha-1) = eta: unchanged at alpha = 1         (l. 331, 350)
-#   norm gains' lr              eta m_L^(alpha-1) = eta: unchanged                             (l. 345)
-#   biases' lr                  eta m_L^(alpha-1): the model has no biases                     (l. 355)
-#   weight decay                lambda m_N (hidden weights): nothing in depth                  (l. 349)
-#   hidden init variance        sigma^2 m_N^-1, nothing in depth (l. 168-174: no 1/sqrt(2L) term): o_proj and
-#                               down_proj keep the base depth's std 0.02 / sqrt(2 L_base) where the standard
-#                               model draws 0.02 / sqrt(2 L)
-#   embedding, LM head, final norm: nothing in depth                                          (l. 338-342, 358-361)
-# At L = L_base every factor is exactly 1: the standard model. The multiplier is elementwise: no matmul FLOPs.
+# completep, commit 6f8bc3b, model.py, whose lines are cited):
+#   residual branch multiplier  m_L^-alpha = L_base / L on every attention and MLP output  (Block, l. 113-118)
+#   AdamW epsilon               eps m_N^-1 m_L^-alpha = eps L_base / L, in every group      (l. 335)
+#   hidden weights' lr          eta m_N^-1 m_L^(alpha-1) = eta: unchanged at alpha = 1       (l. 331, 350)
+#   norm gains' lr              eta m_L^(alpha-1) = eta: unchanged                           (l. 345)
+#   biases' lr                  eta m_L^(alpha-1): the model has no biases                   (l. 355)
+#   weight decay                lambda m_N: nothing in depth                                 (l. 349)
+#   hidden init variance        sigma^2 m_N^-1: nothing in depth, no 1/sqrt(2L) term         (l. 168-174)
+#                               so o_proj and down_proj keep the base depth's std 0.02 / sqrt(2 L_base), where the
+#                               standard model draws 0.02 / sqrt(2 L)
+#   embedding, LM head, final norm: nothing in depth                                        (l. 338-342, 358-361)
+# LIMe's routers and AttnRes's queries live inside the branches: whichever row they fall under, their lr factor is 1
+# at alpha = 1; their eps is scaled as every group's. At L = L_base every factor is exactly 1: the standard model.
+# The multiplier is elementwise: no matmul FLOPs (flops_per_token unchanged).
 DEPTH_SCALINGS = ("standard", "completep")
 COMPLETEP_ALPHA = 1.0  # depth-muP's alpha: CompleteP's
 

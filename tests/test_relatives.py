@@ -792,7 +792,7 @@ def test_completep_draws_the_residual_projections_with_the_base_depths_std():
 @pytest.mark.parametrize("kw", [dict(lime=True), dict(attnres="block")], ids=str)
 def test_completep_adamw_eps_is_scaled_and_nothing_else(kw):
     """AdamW's eps times depth_base / n_layer in every group (the router and AttnRes's own group included); every
-    group's parameters, lr, peak lr and weight decay as the standard model's (their depth factors are 1 at alpha = 1)."""
+    group's parameters, lr, peak lr and weight decay as the standard model's (depth factors 1 at alpha = 1)."""
     named = dict(named_lrs={"attn_res.query": 3e-3}) if kw.get("attnres") else {}
     standard = adamw_groups(build(n_layer=8, **kw), eps=1e-8, **named)
     scaled = adamw_groups(build(**completep(n_layer=8, depth_base=2, **kw)), eps=1e-8, **named)
