@@ -130,7 +130,8 @@ def test_attnres_counts():
                                 dict(attnres="block", lime=True, n_kv_head=2), dict(hc=4, mhc="static"),
                                 dict(hc=2, mhc="static", hc_dynamic=True, lime=True), dict(hc=4, mhc="dynamic"),
                                 dict(hc=2, mhc="dynamic", lime=True, n_kv_head=2), dict(moda=True),
-                                dict(moda=True, n_kv_head=2)], ids=str)
+                                dict(moda=True, n_kv_head=2),
+                                dict(lime=True, attnres="block-3", depth_scaling="completep", depth_base=2)], ids=str)
 def test_cached_decoding_is_exact(kw):
     """Each mixes per position across depth only (MoDA: its depth keys are the new token's own): the KV
     cache stays exact (as in test_model.py)."""
