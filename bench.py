@@ -12,6 +12,7 @@ $ python bench.py config/bench_depth_cpu.py --variants=baseline,lime,attnres:blo
 Profiles, decode speed and memory over depth: dev/bench_detail.py.
 """
 import contextlib
+import dataclasses
 import gc
 import json as jsonlib
 import math
@@ -20,8 +21,8 @@ import statistics
 import time
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
-from nanolime.common import (UserError, autocast, configure, peak_flops as device_peak_flops, resolve_device,
-                             resolve_dtype)
+from nanolime.common import (UserError, _literal, autocast, configure, peak_flops as device_peak_flops,
+                             resolve_device, resolve_dtype)
 from nanolime.checkpoint import atomic_write, writable_dir
 from nanolime.variants import parse_variant
 import torch
@@ -61,6 +62,8 @@ def variant_config(name, shape):
     """GPTConfig of a variant name (nanolime/variants.py's grammar: lime, lime:dynamic, lime+hc, attnres:block, ...) at
     the given shape; options after '~' must be the model's (GPTConfig), e.g. lime~router_init=identity."""
     overrides, extra = parse_variant(name)
+    defaults = {f.name: f.default for f in dataclasses.fields(relatives.RelativesConfig)}
+    extra = {k: _literal(v, defaults.get(k)) for k, v in extra.items()}  # as train.py reads them: ~depth_base=2 an int
     try:
         return relatives.RelativesConfig(**shape, **overrides, **extra)
     except TypeError as e:  # a field this model.py does not have

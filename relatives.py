@@ -11,6 +11,8 @@ LIMe's cross-layer relatives, plugged into model.py's GPT: each rewires the resi
   authors' `mudd_prenorm` and `mudd_postnorm`), their normalization for deep-narrow models.
 - MoDA (mixture-of-depths attention, arXiv 2603.15619; `moda=True`): the one relative that changes attention
   instead of the stream: each head also attends to every earlier sub-layer's key and value at its position.
+- CompleteP (arXiv 2505.01618; `depth_scaling='completep'`, `depth_base`) is no relative but a depth scaling: each
+  attention and MLP output times depth_base / n_layer, AdamW's eps too (section "Depth scaling (CompleteP)").
 
 model.py knows none of them: this file extends it. RelativesConfig is GPTConfig plus the relatives' options (all
 off: GPTConfig's model); RelativesGPT is model.GPT with a relative's weights added after the baseline's (attach:
@@ -29,6 +31,7 @@ the sub-layers add.
 """
 
 import math
+from functools import partial
 
 from dataclasses import dataclass
 
@@ -53,6 +56,9 @@ class RelativesConfig(GPTConfig):
     moda: bool = False         # MoDA: attention also reads every earlier sub-layer's key and value at the same position
     mudd: bool = False         # MUDDFormer: a block's q, k, v, residual inputs per-token mixes of earlier block outputs
     mudd_prepost: bool = False # MUDDFormer's PrePostDANorm (needs mudd): sources normed, residual way X + norm(mix)
+    # depth scaling (section "Depth scaling (CompleteP)" below): DEPTH_SCALINGS; 'standard' is GPTConfig's model
+    depth_scaling: str = "standard"
+    depth_base: int = None     # CompleteP's base depth L_base: the depth its learning rate was tuned at
 
     def __post_init__(self):
         super().__post_init__()
@@ -63,12 +69,14 @@ OPTIONS = ('hc', 'hc_dynamic', 'mhc', 'denseformer', 'attnres', 'moda', 'mudd', 
 
 
 def enabled(config):
-    """Whether any relative's option is on (then the model is a RelativesGPT)."""
-    return any(getattr(config, name, False) for name in OPTIONS)
+    """Whether any relative's option is on (then the model is a RelativesGPT), or a depth scaling."""
+    return any(getattr(config, name, False) for name in OPTIONS) or depth_scaled(config)
 
 
 def build_model(config):
     """The model of `config`: model.GPT when no relative is on, else RelativesGPT."""
+    if depth_scaled(config):
+        return CompletePGPT(config)
     return RelativesGPT(config) if enabled(config) else GPT(config)
 
 
@@ -110,6 +118,7 @@ def check(config):
     if config.moda and (config.lime or config.hc or config.denseformer or config.attnres or config.mudd):
         raise ValueError("moda is another way to read earlier layers (their keys and values, by attention); "
                          "use it alone, without lime, hc, denseformer, attnres or mudd")
+    check_depth_scaling(config)
 
 
 def attach(model):
@@ -643,3 +652,87 @@ class DepthKV:
             y_depth = sum(att[..., i, None] * vd.unsqueeze(-2) for i, vd in enumerate(depth_values))
             y = y + y_depth.transpose(2, 3)  # y_depth: (B, H_kv, T, G, d_h)
         return y.reshape(B, H, T, d_h).transpose(1, 2).reshape(B, T, H * d_h)
+
+
+# ----------------------------------------------------------------------------- Depth scaling (CompleteP)
+# CompleteP (Dey et al., arXiv 2505.01618) is depth-muP with alpha = 1: a learning rate tuned at the base depth L_base
+# stays optimal at depth L. Its rules for AdamW at fixed width (width multiplier m_N = 1), with m_L = L / L_base, each
+# a row of the paper's Table 1 as the authors' reference code implements it (EleutherAI/nanoGPT-mup, branch
+# completep, commit 6f8bc3b, model.py, whose lines are cited):
+#   residual branch multiplier  m_L^-alpha = L_base / L on every attention and MLP output  (Block, l. 113-118)
+#   AdamW epsilon               eps m_N^-1 m_L^-alpha = eps L_base / L, in every group      (l. 335)
+#   hidden weights' lr          eta m_N^-1 m_L^(alpha-1) = eta: unchanged at alpha = 1       (l. 331, 350)
+#   norm gains' lr              eta m_L^(alpha-1) = eta: unchanged                           (l. 345)
+#   biases' lr                  eta m_L^(alpha-1): the model has no biases                   (l. 355)
+#   weight decay                lambda m_N: nothing in depth                                 (l. 349)
+#   hidden init variance        sigma^2 m_N^-1: nothing in depth, no 1/sqrt(2L) term         (l. 168-174)
+#                               so o_proj and down_proj keep the base depth's std 0.02 / sqrt(2 L_base), where the
+#                               standard model draws 0.02 / sqrt(2 L)
+#   embedding, LM head, final norm: nothing in depth                                        (l. 338-342, 358-361)
+# LIMe's routers and AttnRes's queries live inside the branches: whichever row they fall under, their lr factor is 1
+# at alpha = 1; their eps is scaled as every group's. At L = L_base every factor is exactly 1: the standard model.
+# The multiplier is elementwise: no matmul FLOPs (flops_per_token unchanged).
+DEPTH_SCALINGS = ("standard", "completep")
+COMPLETEP_ALPHA = 1.0  # depth-muP's alpha: CompleteP's
+
+
+def depth_scaled(config):
+    """Whether the config asks for a depth scaling other than the standard model's."""
+    return getattr(config, "depth_scaling", "standard") != "standard"
+
+
+def check_depth_scaling(config):
+    """ValueError for a depth scaling that is unknown, lacks its base depth, or meets a relative it does not support."""
+    if config.depth_scaling not in DEPTH_SCALINGS:
+        raise ValueError(f"unknown depth_scaling '{config.depth_scaling}'; choose one of: {', '.join(DEPTH_SCALINGS)}")
+    if not depth_scaled(config):
+        if config.depth_base is not None:
+            raise ValueError("depth_base is CompleteP's base depth: set depth_scaling='completep' too "
+                             "(or leave depth_base unset)")
+        return
+    if config.depth_base is None or config.depth_base < 1:
+        raise ValueError(f"depth_scaling='completep' needs depth_base >= 1, the n_layer its learning rate was tuned "
+                         f"at (got {config.depth_base})")
+    refused = [k for k in ("hc", "denseformer", "mudd", "moda") if getattr(config, k)]
+    if refused:
+        raise ValueError(f"depth_scaling='completep' supports the baseline, lime and attnres, not {refused[0]} "
+                         "(docs/deviations.md, Depth scaling)")
+
+
+def depth_multiplier(config):
+    """m_L = L / L_base."""
+    return config.n_layer / config.depth_base
+
+
+def scale_output(multiplier, module, args, output):
+    """Forward hook: a sub-layer's output times the residual branch multiplier."""
+    return output * multiplier
+
+
+class CompletePGPT(RelativesGPT):
+    """The model of depth_scaling='completep': CompleteP's rules above, on the baseline, LIMe or Attention Residuals.
+    The multiplier is a forward hook on each block's attention and MLP, so whatever stream the outputs join (the
+    plain residual sum, AttnRes's sources) receives them scaled."""
+
+    def __init__(self, config):
+        super().__init__(config)  # the standard model's weights (and a relative's), drawn as always
+        m = depth_multiplier(config)
+        with torch.no_grad():  # hidden init variance independent of depth: N(0, 0.02^2 / (2 L)) * L / L_base
+            for block in self.transformer.h:
+                block.attn.o_proj.weight.mul_(math.sqrt(m))
+                block.mlp.down_proj.weight.mul_(math.sqrt(m))
+        multiplier = m ** -COMPLETEP_ALPHA  # the residual branch multiplier, L_base / L
+        for block in self.transformer.h:
+            block.attn.register_forward_hook(partial(scale_output, multiplier))
+            block.mlp.register_forward_hook(partial(scale_output, multiplier))
+
+    def configure_optimizers(self, weight_decay, learning_rate, router_lr, betas, device_type, eps=1e-8,
+                             optimizer="adamw", **kwargs):
+        """model.GPT's groups, AdamW's epsilon times m_L^-alpha in every group (the lr and the weight decay of every
+        group stay: their factors are 1 at alpha = 1 and fixed width)."""
+        if optimizer != "adamw":
+            raise ValueError(f"depth_scaling='completep' has AdamW's rules (CompleteP's Table 1), none for "
+                             f"optimizer='{optimizer}': use optimizer='adamw'")
+        eps = eps * depth_multiplier(self.config) ** -COMPLETEP_ALPHA
+        return super().configure_optimizers(weight_decay, learning_rate, router_lr, betas, device_type, eps=eps,
+                                            optimizer=optimizer, **kwargs)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from relatives import RelativesConfig, build_model  # model.py's GPT, or a relative's extension of it
+from relatives import RelativesConfig, build_model, DEPTH_SCALINGS  # model.py's GPT, or a relative's extension of it
 from nanolime.variants import variant_name
 
 # -----------------------------------------------------------------------------
@@ -73,6 +73,11 @@ attnres = ''               # Attention Residuals (for comparison): '' (off), 'fu
 mudd = False               # MUDDFormer's per-token dense mixes into each block's q, k, v and residual (for comparison)
 mudd_prepost = False       # with mudd: MUDDFormer's PrePostDANorm (its paper's fix for deep-narrow models)
 moda = False               # MoDA (for comparison): attention also reads earlier sub-layers' keys at each position
+# depth scaling: 'standard' (the paper's model) or 'completep' (CompleteP, arXiv 2505.01618: each attention and MLP
+# output times depth_base / n_layer, AdamW's eps too, so that one learning rate transfers across depth; with the
+# baseline, lime or attnres; AdamW only; relatives.py, docs/deviations.md)
+depth_scaling = 'standard'
+depth_base = None          # completep: the base depth, the n_layer its learning rate was tuned at
 # optimizer: 'adamw' (the paper's) or 'muon' (torch.optim.Muon on the blocks' projection matrices, AdamW on the rest)
 optimizer = 'adamw'
 muon_lr = 0.02             # peak lr of Muon's matrices (optimizer='muon'); the schedule below scales it too
@@ -105,7 +110,7 @@ check_ranges({**config, 'init_from': 'hf:DIR' if hf_dir else init_from},
              at_least_1=('batch_size', 'total_batch_size', 'block_size', 'eval_interval', 'log_interval',
                          'eval_iters'), at_least_0=('max_iters', 'warmup_iters', 'lr_decay_iters', 'seed'),
              choices={'optimizer': ('adamw', 'muon'), 'init_from': ('scratch', 'resume', 'hf:DIR'),
-                      'compile': ('auto', True, False)},
+                      'compile': ('auto', True, False), 'depth_scaling': DEPTH_SCALINGS},
              finite=('router_lr', 'attnres_query_lr', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'),
              positive=('learning_rate', 'muon_lr'), fraction=('dropout', 'beta1', 'beta2', 'muon_momentum'))
 if decay_lr and lr_decay_iters <= warmup_iters:
@@ -116,6 +121,9 @@ if lime and router == 'average' and router_init == 'identity':
 if optimizer == 'muon' and not hasattr(torch.optim, 'Muon'):
     raise UserError(f"optimizer='muon' needs torch.optim.Muon, in torch 2.9 and newer (this is torch "
                     f"{torch.__version__}): upgrade torch, or use optimizer='adamw'")
+if depth_scaling != 'standard' and optimizer != 'adamw':
+    raise UserError(f"depth_scaling={depth_scaling!r} has AdamW's rules (CompleteP's Table 1), none for "
+                    f"optimizer={optimizer!r}: use optimizer='adamw' (or depth_scaling='standard')")
 if wandb_log and importlib.util.find_spec('wandb') is None:
     raise UserError("wandb_log=True but wandb is not installed: pip install wandb (or --wandb_log=False)")
 world_size = int(os.environ.get('WORLD_SIZE', 1))
@@ -212,7 +220,8 @@ if ckpt is not None:
 flops_per_token = model.flops_per_token(block_size)
 if master:
     model_variant = variant_name(lime, router, router_init, hc, hc_dynamic, mhc, denseformer, attnres, mudd, moda, mudd_prepost)
-    print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, variant {model_variant}, "
+    print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, variant {model_variant}"
+          f"{f' (CompleteP from depth_base={depth_base})' if depth_scaling != 'standard' else ''}, "
           f"{flops_per_token / 1e6:.2f} MFLOPs/token "
           f"forward; device {device}, {ptdtype}, compile {use_compile}")
 raw_model = model  # the plain module: its state_dict has no compile/DDP prefixes

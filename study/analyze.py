@@ -94,7 +94,8 @@ def family(model_args):
         parts.append('MUDD')
     if a.get('moda'):
         parts.append('MoDA')
-    return '+'.join(parts) or 'LLaMA'
+    depth = f" (CompleteP, L_base={a.get('depth_base')})" if a.get('depth_scaling', 'standard') != 'standard' else ''
+    return ('+'.join(parts) or 'LLaMA') + depth
 
 
 # ----------------------------------------------------------------------------- plotting / writing

@@ -150,6 +150,12 @@ def test_analyze_without_data_without_model_and_errors(tmp_path, analyze_here, r
         run_here('study/analyze.py', '--num_tokens=8')
 
 
+def test_completep_runs_are_a_family_of_their_own():
+    """CompleteP's runs are not pooled with the standard model's of the same variant."""
+    assert analyze.family({'lime': True, 'depth_scaling': 'completep', 'depth_base': 4}) == 'LIMe (CompleteP, L_base=4)'
+    assert analyze.family({'lime': True, 'depth_scaling': 'standard'}) == 'LIMe'
+
+
 @pytest.mark.parametrize('kw', [dict(attnres='full'), dict(hc=2, mhc='dynamic', lime=True), dict(denseformer=True),
                                 dict(mudd=True), dict(moda=True)], ids=str)
 def test_relatives_runs_are_named_and_analysed_through_their_stream(tmp_path, analyze_here, kw):

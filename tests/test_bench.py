@@ -217,6 +217,8 @@ def test_variant_table():
     assert (c('mhc', SHAPE).hc, c('mhc', SHAPE).mhc, c('mhc:static', SHAPE).mhc) == (4, 'dynamic', 'static')
     assert c('lime+attnres:block-4', SHAPE).attnres == 'block-4' and c('lime+attnres:block-4', SHAPE).lime
     assert c('lime~router_init=identity', SHAPE).router_init == 'identity'
+    completep = c('lime~depth_scaling=completep~depth_base=2', SHAPE)  # an int after '~', as train.py reads it
+    assert (completep.depth_scaling, completep.depth_base) == ('completep', 2)
     with pytest.raises(UserError, match="variant 'attnres:blocks': unknown attnres"):
         c('attnres:blocks', SHAPE)
     with pytest.raises(UserError, match="unknown variant 'hcx'"):

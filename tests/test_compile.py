@@ -1,7 +1,7 @@
 """torch.compile on CPU, the closest proxy for the GPU path: LIMe traces as one graph
 (fullgraph=True, no graph breaks, no per-layer recompiles), forward and backward, training
 and no_grad evaluation, for every router variant and with HC, mHC (static and dynamic), DenseFormer,
-Attention Residuals (Full and Block), MUDDFormer, MoDA;
+Attention Residuals (Full and Block), MUDDFormer, MoDA, CompleteP's depth scaling (forward hooks);
 inductor matches eager; activation memory stays flat in depth under the compiler too.
 Compiling is slow on 2 cores (tens of seconds per graph): shapes are tiny."""
 import pytest
@@ -41,7 +41,8 @@ def eval_then_train(model, compiled, steps=2):
     return loss
 
 
-@pytest.mark.parametrize("kw", [dict(lime=True), dict(attnres="block"), dict(mudd=True)], ids=str)
+@pytest.mark.parametrize("kw", [dict(lime=True), dict(attnres="block"), dict(mudd=True),
+                                dict(lime=True, depth_scaling="completep", depth_base=2)], ids=str)
 def test_a_deep_model_compiles_to_one_graph_per_mode(kw):
     """Evaluation then two training steps at 8 layers: exactly two graphs (no_grad eval and
     training), no graph break, no recompile per layer. The dynamo-only backend keeps it fast;
@@ -61,7 +62,8 @@ VARIANTS = [dict(lime=True, router=r) for r in ("average", "dynamic", "first-1")
     dict(denseformer=True, lime=True), dict(hc=2, hc_dynamic=True, mhc="static", n_layer=1),
     dict(hc=2, mhc="dynamic", lime=True, n_layer=1), dict(attnres="full"), dict(attnres="block-4", lime=True),
     dict(mudd=True), dict(mudd=True, lime=True, n_kv_head=2), dict(mudd=True, mudd_prepost=True, n_layer=2),
-    dict(moda=True, n_kv_head=2)]
+    dict(moda=True, n_kv_head=2),
+    dict(lime=True, attnres="block-2", depth_scaling="completep", depth_base=1)]  # CompleteP's hooks, at 1/3
 # (mHC at one layer: its 20 Sinkhorn steps per read make a long graph, and each layer repeats the same code)
 
 

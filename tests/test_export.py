@@ -34,6 +34,9 @@ MODELS = {  # a few steps each: weights that are not their init (a router away f
     'lime-gqa': ['--lime=True', '--n_head=4', '--n_kv_head=2'],
     'lime-average': ['--lime=True', '--n_head=4', '--n_kv_head=2', '--router=average'],  # a router that is a buffer
     'lime-mhc': ['--lime=True', '--n_head=2', '--hc=2', '--mhc=static'],
+    # CompleteP at 3 layers from a base of 2: remote code carries the multiplier (rebuilt from the saved config)
+    'lime-completep': ['--lime=True', '--n_head=2', '--depth_scaling=completep', '--depth_base=2'],
+    'baseline-completep': ['--lime=False', '--n_head=2', '--depth_scaling=completep', '--depth_base=2'],
 }
 
 
@@ -79,7 +82,7 @@ def test_export_loads_in_transformers_same_logits_and_greedy_tokens(name, runs, 
     printed = export(out, to)
     ours, x = prompt(out)
     theirs = load_hf(to)
-    llama = name.startswith('baseline')
+    llama = name.startswith('baseline') and 'completep' not in name  # a CompleteP baseline is no plain Llama
     assert type(theirs).__name__ == ('LlamaForCausalLM' if llama else 'NanoLIMeForCausalLM')
     assert ('LlamaForCausalLM' if llama else 'remote code') in printed
     with torch.no_grad():
@@ -258,6 +261,7 @@ def test_refusals(runs, tmp_path, data_dir):
         ((base, '--format=lime-authors'), "format='lime-authors' holds LIMe models; this is a baseline"),
         ((runs('lime-average'), '--format=lime-authors'), "cannot hold this model (router='average')"),
         ((runs('lime-mhc'), '--format=lime-authors'), "cannot hold this model (hc=2)"),
+        ((runs('lime-completep'), '--format=lime-authors'), "cannot hold this model (depth_scaling='completep')"),
         ((lime, '--format=onnx'), "format='onnx': expected 'hf' or 'lime-authors'"),
     ]
     for (out, *args), message in cases:

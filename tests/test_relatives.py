@@ -45,10 +45,11 @@ def scramble(model):
     return model
 
 
-def naive_attnres(model, idx, targets, m):
+def naive_attnres(model, idx, targets, m, branch=1.0):
     """The model's function with AttnRes as written: sources v_0 = the embedding, then the sums of blocks
     of m sub-layer outputs (m = 1: every output, Full AttnRes) and the current block's partial sum;
     sub-layer l reads h_l = sum_i softmax_i(w_l . RMSNorm_l(v_i)) v_i, its key norm with its own gain.
+    `branch`: CompleteP's multiplier on every sub-layer output (the modules' own forward, without hooks).
     Returns logits, loss and the number of sources of every read."""
     d, eps = model.config.n_embd, model.config.norm_eps
     emb, outputs, counts = model.transformer.wte(idx), [], []
@@ -67,9 +68,11 @@ def naive_attnres(model, idx, targets, m):
         alpha = torch.stack(logits).softmax(dim=0)  # over depth
         return sum(alpha[i].unsqueeze(-1) * v for i, v in enumerate(sources))
 
+    kv_stack = M.KVStack([b.attn.router for b in model.transformer.h], model.route_group_size) \
+        if model.config.lime else None  # LIMe's stacked KV, as model.py passes it
     for block in model.transformer.h:
-        outputs.append(block.attn(block.ln_1(read()), model.rope))
-        outputs.append(block.mlp(block.ln_2(read())))
+        outputs.append(branch * block.attn.forward(block.ln_1(read()), model.rope, kv_stack))
+        outputs.append(branch * block.mlp.forward(block.ln_2(read())))
     logits = model.lm_head(model.transformer.ln_f(read()))
     return logits, F.cross_entropy(logits.view(-1, V), targets.view(-1)), counts
 
@@ -129,7 +132,8 @@ def test_attnres_counts():
                                 dict(attnres="block", lime=True, n_kv_head=2), dict(hc=4, mhc="static"),
                                 dict(hc=2, mhc="static", hc_dynamic=True, lime=True), dict(hc=4, mhc="dynamic"),
                                 dict(hc=2, mhc="dynamic", lime=True, n_kv_head=2), dict(moda=True),
-                                dict(moda=True, n_kv_head=2)], ids=str)
+                                dict(moda=True, n_kv_head=2),
+                                dict(lime=True, attnres="block-3", depth_scaling="completep", depth_base=2)], ids=str)
 def test_cached_decoding_is_exact(kw):
     """Each mixes per position across depth only (MoDA: its depth keys are the new token's own): the KV
     cache stays exact (as in test_model.py)."""
@@ -824,3 +828,127 @@ def test_denseformer_counts():
 def test_cross_layer_variants_that_do_not_compose_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
         tiny(**bad)
+
+
+# ----------------------------------------------------------------------------- Depth scaling (CompleteP)
+# CompleteP (arXiv 2505.01618; relatives.py, "Depth scaling (CompleteP)"): at fixed width, with m_L = L / L_base,
+# every attention and MLP output times 1 / m_L, AdamW's eps times 1 / m_L, the residual projections drawn with the
+# base depth's std; at L = L_base, the standard model exactly.
+COMPLETEP_SUPPORTED = [dict(), dict(lime=True), dict(lime=True, router="dynamic"), dict(lime=True, router="first-2"),
+                       dict(attnres="block-3"), dict(attnres="full", lime=True)]
+
+
+def completep(**kw):
+    return dict(depth_scaling="completep", **kw)
+
+
+def adamw_groups(model, **kw):
+    opt = model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.99), "cpu", **kw)
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [(g["name"], [names[id(p)] for p in g["params"]], {k: v for k, v in g.items() if k != "params"})
+            for g in opt.param_groups]
+
+
+@pytest.mark.parametrize("kw", COMPLETEP_SUPPORTED, ids=str)
+def test_completep_at_its_base_depth_is_the_standard_model(kw):
+    """n_layer == depth_base: the same weights, logits, gradients and optimizer groups (eps included), bit for bit."""
+    base, scaled = build(**kw), build(**completep(depth_base=4, **kw))
+    assert type(scaled).__name__ == "CompletePGPT"
+    sa, sb = base.state_dict(), scaled.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    x, y = torch.randint(0, V, (2, 16)), torch.randint(0, V, (2, 16))
+    (la, ga), (lb, gb) = loss_and_grads(base, x, y), loss_and_grads(scaled, x, y)
+    assert torch.equal(la, lb) and ga.keys() == gb.keys() and all(torch.equal(ga[k], gb[k]) for k in ga)
+    assert adamw_groups(base) == adamw_groups(scaled)
+    assert base.flops_per_token(16) == scaled.flops_per_token(16)
+
+
+def naive_completep(model, idx, targets, branch):
+    """The rule as written, on the modules' own forward (no hooks): x = x + branch * attn(ln_1(x)),
+    x = x + branch * mlp(ln_2(x)); LIMe's keys and values routed through the stacked KV as in model.py."""
+    x = model.transformer.wte(idx)
+    kv_stack = M.KVStack([b.attn.router for b in model.transformer.h], model.route_group_size) \
+        if model.config.lime else None
+    for block in model.transformer.h:
+        x = x + branch * block.attn.forward(block.ln_1(x), model.rope, kv_stack)
+        x = x + branch * block.mlp.forward(block.ln_2(x))
+    logits = model.lm_head(model.transformer.ln_f(x))
+    return logits, F.cross_entropy(logits.view(-1, V), targets.view(-1))
+
+
+@pytest.mark.parametrize("kw", COMPLETEP_SUPPORTED, ids=str)
+def test_completep_scales_every_sub_layer_output_by_base_over_depth(kw):
+    """n_layer = 2 x depth_base: every attention and MLP output times 1/2, against the rule written by hand (AttnRes:
+    its naive form with every source scaled), logits and every gradient; the standard model is not that function."""
+    model = scramble(build(**completep(depth_base=2, **kw)))
+    if kw.get("attnres"):
+        m = R.attnres_block_sublayers(kw["attnres"], 4)
+        reference = lambda model, x, y: naive_attnres(model, x, y, m, branch=0.5)[:2]  # noqa: E731
+    else:
+        reference = lambda model, x, y: naive_completep(model, x, y, branch=0.5)  # noqa: E731
+    assert_matches(model, reference)
+    x = torch.randint(0, V, (2, 16))
+    unscaled = naive_attnres(model, x, x, m)[0] if kw.get("attnres") else naive_completep(model, x, x, 1.0)[0]
+    assert (model(x, x)[0] - unscaled).abs().max() > 1e-3  # 100x the tolerance above
+
+
+def test_completep_draws_the_residual_projections_with_the_base_depths_std():
+    """Hidden init variance independent of depth: o_proj and down_proj N(0, 0.02^2 / (2 L_base)), the standard
+    model's draw at the same seed rescaled (no other RNG draw); every other weight the standard model's."""
+    L, base = 8, 2
+    standard, scaled = build(n_layer=L, lime=True).state_dict(), build(**completep(n_layer=L, depth_base=base,
+                                                                                 lime=True)).state_dict()
+    for k, w in standard.items():
+        factor = (0.02 / math.sqrt(2 * base)) / (0.02 / math.sqrt(2 * L)) if k.endswith(("o_proj.weight",
+                                                                                         "down_proj.weight")) else 1.0
+        torch.testing.assert_close(scaled[k], w * factor, atol=0, rtol=1e-6, msg=k)
+    assert abs(scaled["transformer.h.0.mlp.down_proj.weight"].std().item() / (0.02 / math.sqrt(2 * base)) - 1) < 0.05
+
+
+@pytest.mark.parametrize("kw", [dict(lime=True), dict(attnres="block")], ids=str)
+def test_completep_adamw_eps_is_scaled_and_nothing_else(kw):
+    """AdamW's eps times depth_base / n_layer in every group (the router and AttnRes's own group included); every
+    group's parameters, lr, peak lr and weight decay as the standard model's (depth factors 1 at alpha = 1)."""
+    named = dict(named_lrs={"attn_res.query": 3e-3}) if kw.get("attnres") else {}
+    standard = adamw_groups(build(n_layer=8, **kw), eps=1e-8, **named)
+    scaled = adamw_groups(build(**completep(n_layer=8, depth_base=2, **kw)), eps=1e-8, **named)
+    assert [(n, p) for n, p, _ in standard] == [(n, p) for n, p, _ in scaled]
+    assert len(scaled) == 3
+    for (_, _, a), (_, _, b) in zip(standard, scaled):
+        assert b.pop("eps") == a.pop("eps") * 2 / 8 == 2.5e-9
+        assert a == b
+    with pytest.raises(ValueError, match="has AdamW's rules"):
+        build(**completep(depth_base=2)).configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.99), "cpu", optimizer="muon")
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(depth_scaling="complete-p"), "unknown depth_scaling 'complete-p'; choose one of: standard, completep"),
+    (dict(depth_scaling="completep"), "depth_scaling='completep' needs depth_base >= 1"),
+    (dict(depth_scaling="completep", depth_base=0), "needs depth_base >= 1"),
+    (dict(depth_base=2), "depth_base is CompleteP's base depth: set depth_scaling='completep' too"),
+    (completep(depth_base=2, hc=2), "supports the baseline, lime and attnres, not hc"),
+    (completep(depth_base=2, hc=2, mhc="dynamic", lime=True), "not hc"),
+    (completep(depth_base=2, denseformer=True), "not denseformer"),
+    (completep(depth_base=2, mudd=True), "not mudd"),
+    (completep(depth_base=2, moda=True), "not moda"),
+])
+def test_completep_config_validation(bad, match):
+    with pytest.raises(ValueError, match=match.replace("(", r"\(")):
+        tiny(**bad)
+
+
+def test_completep_travels_with_its_config():
+    """What a checkpoint and the remote-code export keep (the config as a dict, through JSON) rebuilds the same
+    model; it is no plain Llama (transformers' LlamaForCausalLM would lose the multiplier), and the authors' layout
+    names it as what it cannot hold."""
+    import dataclasses
+    import json
+    from integrations import hf
+    model = scramble(build(**completep(depth_base=2, lime=True)))
+    cfg = json.loads(json.dumps(dataclasses.asdict(model.config)))
+    again = R.build_model(R.RelativesConfig(**cfg))
+    again.load_state_dict(model.state_dict())
+    x = torch.randint(0, V, (2, 16))
+    assert torch.equal(model(x, x)[0], again(x, x)[0])
+    assert not hf.is_llama(cfg) and not hf.is_llama({**cfg, "lime": False})
+    assert hf.variants(cfg)[0] == "depth_scaling"

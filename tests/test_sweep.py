@@ -669,3 +669,17 @@ def test_a_run_directory_deleted_while_the_sweep_runs_is_said_so(data_dir, tmp_p
                                  env={'PYTHONPATH': f"{tmp_path / 'patch'}{os.pathsep}{REPO}"})
     assert code == 1 and f"{root}/baseline-L1-s0 was deleted while the sweep ran; rerun the sweep to train it " \
                           "again" in err, err
+
+
+def test_a_completep_variant_reaches_train_py(run_here, data_dir, tmp_path):
+    """CompleteP through a variant's '~' options: its runs train with depth_scaling='completep' and its depth_base,
+    whatever their depth (the depth sweep it is for)."""
+    root = str(tmp_path / 'root')
+    variant = 'lime~depth_scaling=completep~depth_base=1'
+    assert run_here('sweep.py', '--depths=2', f'--variants=baseline,{variant}', '--seeds=0', *TINY,
+                    f'--data_dir={data_dir}', f'--out_dir={root}', '--max_iters=2', '--lr_decay_iters=2',
+                    '--eval_interval=1', '--plot=False') == 0
+    rows = {r['variant']: r for r in read_csv(os.path.join(root, 'sweep.csv'))}
+    args = torch.load(os.path.join(rows[variant]['out_dir'], 'ckpt.pt'), weights_only=True)['model_args']
+    assert (args['depth_scaling'], args['depth_base'], args['n_layer'], args['lime']) == ('completep', 1, 2, True)
+    assert rows['baseline']['status'] == rows[variant]['status']

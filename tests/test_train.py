@@ -175,6 +175,31 @@ def test_resume_is_exact(optimizer, data_dir, tmp_path, run_here):
             assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+def test_completep_resume_is_exact_and_keeps_its_depth_base(data_dir, tmp_path, run_here):
+    """depth_scaling='completep' (2 layers from a base of 1): N iterations == N/2 + a resumed N/2, bit for bit, AdamW's
+    eps halved in every group; resuming it with another depth_base, or as the standard model, is refused."""
+    args = [*TINY, f'--data_dir={data_dir}', '--lr_decay_iters=8', '--eval_interval=3', '--lime=True',
+            '--depth_scaling=completep', '--depth_base=1']
+    full, half = str(tmp_path / 'full'), str(tmp_path / 'half')
+    assert run_here('train.py', *args, f'--out_dir={full}', '--max_iters=6') == 0
+    assert run_here('train.py', *args, f'--out_dir={half}', '--max_iters=3') == 0
+    assert run_here('train.py', *args, f'--out_dir={half}', '--max_iters=6', '--init_from=resume') == 0
+    assert [(r['iter'], r['loss']) for r in read_log(full) if 'loss' in r] == \
+        [(r['iter'], r['loss']) for r in read_log(half) if 'loss' in r]
+    a, b = load(full), load(half)
+    assert a['model_args']['depth_scaling'] == 'completep' and a['model_args']['depth_base'] == 1
+    assert all(torch.equal(a['model'][k], b['model'][k]) for k in a['model'])
+    for oa, ob in zip(a['optimizer'], b['optimizer']):
+        assert [g['eps'] for g in oa['param_groups']] == [g['eps'] for g in ob['param_groups']] == [0.5e-8] * 3
+        for sa, sb in zip(oa['state'].values(), ob['state'].values()):
+            assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    for other, what in (('--depth_base=2', 'depth_base: 1 in the checkpoint, 2 now'),
+                        ('--depth_scaling=standard', "depth_scaling: 'completep' in the checkpoint, 'standard' now")):
+        extra = ['--depth_base=None'] if other == '--depth_scaling=standard' else []
+        with pytest.raises(UserError, match=what):
+            run_here('train.py', *args, f'--out_dir={half}', '--max_iters=8', '--init_from=resume', other, *extra)
+
+
 def test_accumulation_is_derived_from_total_batch_size(data_dir, tmp_path, run_here, capsys):
     """total_batch_size=512 in micro-steps of 8 x 32 tokens: 2 accumulation steps, and the same training
     (to rounding) as one micro-step of 16 sequences, which draws the same 16 windows."""
@@ -421,6 +446,11 @@ def test_muon_on_a_torch_without_it_is_one_line(data_dir, tmp_path):
     (['--dtype=float16', '--device=cpu'], ["dtype='float16' needs CUDA"]),
     (['--device=tpu'], ["device='tpu'"]),
     (['--dataset=shakespear_char'], ["unknown dataset 'shakespear_char'", "did you mean 'shakespeare_char'?"]),
+    (['--depth_scaling=completeP'], ["depth_scaling='completeP': expected", "'standard' or 'completep'"]),
+    (['--depth_scaling=completep'], ["invalid model config", "depth_scaling='completep' needs depth_base >= 1"]),
+    (['--depth_scaling=completep', '--depth_base=2', '--hc=2'], ["supports the baseline, lime and attnres, not hc"]),
+    (['--depth_scaling=completep', '--depth_base=2', '--optimizer=muon'],
+     ["depth_scaling='completep' has AdamW's rules (CompleteP's Table 1), none for optimizer='muon'"]),
 ])
 def test_bad_config(args, needles, data_dir, run_here):
     line = error_of(run_here, 'train.py', f'--data_dir={data_dir}', '--out_dir=/nonexistent/never-written', *args)
