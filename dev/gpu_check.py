@@ -1,33 +1,29 @@
 """
-A GPU's first hour, stage by stage: the acceptance of the CUDA path, unattended, each stage within its own
-budget (at most STAGE_MINUTES, so that any one stage runs alone inside a 10-minute command on a lent GPU),
-leaving a report to paste. It has not yet run on a GPU.
+A GPU's first ten minutes: the acceptance of the CUDA path in one command that fits a short loan of a GPU,
+ordered by what each stage tells us and cut to fit. The total (--minutes, default 8) is split over the
+stages; each stage runs within its budget plus whatever the stages before it left unused, is stopped
+(with its children) when that is spent, and a stage whose time is gone is skipped with a line in the
+report. It has not yet run on a GPU.
 
-$ python dev/gpu_check.py --out_dir=gpu-check      # on the GPU machine: every stage, then the report
-$ python dev/gpu_check.py --dry-run                # anywhere: the stages, their commands and budgets
-$ python dev/gpu_check.py --stages=2               # one stage alone (names or numbers, comma-separated)
+$ python dev/gpu_check.py --minutes=8                       # on the GPU machine: every stage, then the report
+$ python dev/gpu_check.py --minutes=8 --dry-run             # anywhere, in seconds: the stages, budgets, commands
+$ python dev/gpu_check.py --minutes=5 --stages=table9,ddp   # a rerun of some stages in the time left
 
-The stages, in order (stage_list below), each one or more commands run as subprocesses within the stage's
-time budget; a command that fails or runs over is recorded (and, run over, stopped with its children),
-and the next one runs:
+The stages, in order (stage_list below), each one or more commands run as subprocesses:
   1 cuda-tests  python -m pytest -m cuda: tests/test_cuda.py
-  2 table9      bench.py at the paper's 1B shapes (config/bench_1b.py; compiled, bf16), GQA then MHA:
-                baseline / LIMe / HC step time and peak memory, beside the paper's Table 9
-  3 depth       bench.py at 32 layers x 512 (config/bench_depth_gpu.py; T 1024, bf16, compiled): LIMe's
-                cost beside its FLOP ratio
-  4 train       prepare.py shakespeare (GPT-2 BPE, offline), then train.py config/train_gpu_check.py
-                (~124M parameters, compile, bf16, 300 iterations): tokens/s and MFU; sample.py on the
-                GPU, and the checkpoint loaded and sampled on the CPU
-  5 ddp         torchrun --standalone --nproc_per_node=1 train.py: DDP over NCCL, a small model
-  6 depth-64    the same as 3 at 64 layers (two compiles of several minutes each: a stage of its own)
+  2 train       prepare.py shakespeare (GPT-2 BPE, offline), then train.py config/train_gpu_check.py (a small
+                LIMe model, compiled, bf16, 200 iterations): tokens/s and MFU; the same run stopped at 100 and
+                resumed, against the run straight through (an exact resume); the baseline (--lime=False) for
+                its tokens/s and MFU; sample.py on the GPU, and the checkpoint loaded and sampled on the CPU
+  3 table9      bench.py at the paper's 1B shape (config/bench_1b.py), GQA then MHA: baseline and LIMe
+                step time and peak memory beside the paper's Table 9; eager unless the stage has the
+                minutes to compile four 1B models (bench_1b_mode)
+  4 ddp         torchrun --standalone --nproc_per_node=1 train.py: DDP over NCCL, a tiny model
 Into out_dir: gpu_report.md (device, driver, torch, date, every stage's result and minutes),
-gpu_report.json (the same, with every number), the benchmarks' JSON and every command's output in
-logs/. Both reports are rewritten after each stage, so a check cut short leaves what it got; a stage run
-alone adds to the report in out_dir. Checkpoints and prepared data go to work_dir, a temporary directory
-removed at the end unless named (name one to run stage 5 alone after stage 4 in another command).
-The budgets come from compile times measured on a 2-core CPU (torch 2.13, train step forward and backward,
-per variant: 51-90 s at 32 layers x 64, 170-250 s at 64 layers); a GPU machine's compiler usually has more
-cores. The report's minutes are what to set them from (--budget_scale=2 doubles every one).
+gpu_report.json (the same, with every number), the benchmarks' JSON and every command's output in logs/.
+Both reports are rewritten after each stage, so a check cut short leaves what it got; a rerun of some
+stages (--stages) replaces theirs in the report in out_dir and keeps the others. Checkpoints and prepared
+data go to work_dir, a temporary directory removed at the end unless named.
 """
 import datetime
 import json
@@ -65,57 +61,72 @@ from nanolime.checkpoint import atomic_write, lock_dir, read_log, writable_dir  
 # ----------------------------------------------------------------------------- config
 out_dir = 'gpu-check'     # the reports, the benchmarks' JSON, logs/
 work_dir = ''             # checkpoints and prepared data; '' = a temporary directory, removed at the end
-stages = 'all'            # 'all', or stage names or numbers, comma-separated: table9,train or 2,4
-dry_run = False           # print the stages, their commands and budgets, and exit (also --dry-run)
-budget_scale = 1.0        # multiplies every budget
+minutes = 8.0             # the whole check's time: split over the stages run
+stages = 'all'            # 'all', or stage names or numbers, comma-separated: train,ddp or 2,4
+dry_run = False           # print the stages, their budgets and commands, and exit (also --dry-run)
+bench_1b_mode = 'auto'    # the 1B stage: 'eager', 'compiled', or 'auto' (compiled if its budget allows)
 # -----------------------------------------------------------------------------
-STAGE_MINUTES = 9.5       # what one stage's budgets may add up to (at budget_scale 1): alone in 10 minutes
+RESERVE_S = 30            # of the total, kept for starting up, the reports and stopping an overrunning command
 KILL_GRACE_S = 15         # an overrunning command gets SIGTERM (train.py saves and exits), then SIGKILL
+MIN_STAGE_S = 10          # a stage with less time left than this is skipped
+# each stage's share of the total (less RESERVE_S), by what it needs: the CUDA tests compile tiny models in
+# parallel; the training stage compiles one small model twice (LIMe, baseline; the resumed runs find the
+# compiled kernels in inductor's cache) and writes six checkpoints of 360 MB; the 1B stage builds four 1B models
+SHARES = {'cuda-tests': 0.24, 'train': 0.34, 'table9': 0.32, 'ddp': 0.10}
+COMPILED_1B_S = 480       # bench_1b_mode='auto' compiles at the 1B shape only with this budget or more
+TRAIN_ITERS = 200         # the training stage's run; stopped at half and resumed for the exact-resume check
 # the paper's Table 9 (App. F; H100, PyTorch Inductor, default mode): step ms, train peak memory GB
 PAPER_TABLE9 = {'gqa': {'baseline': (66.404, 20.489), 'lime': (67.449, 20.490), 'hc': (83.265, 21.693)},
                 'mha': {'baseline': (70.258, 22.364), 'lime': (77.607, 22.367), 'hc': (86.314, 23.007)}}
 
 
-def depth_stage(name, layers, minutes, out):
-    return dict(name=name, title=f"LIMe's cost at {layers} layers x 512 (config/bench_depth_gpu.py)",
-                summary=lambda out, work: summarize_depth(out, work, (layers,)),
-                steps=[(f'L{layers}', [sys.executable, 'bench.py', 'config/bench_depth_gpu.py', f'--depths={layers}',
-                                       f"--json={os.path.join(out, f'bench_depth_L{layers}.json')}"], minutes)])
-
-
-def stage_list(out, work):
-    """The stages: name, title, steps [(label, command, budget in minutes)], summary(out, work) ->
-    (numbers, markdown lines, problems). Commands run from the repository; out and work are absolute."""
+def stage_list(out, work, table9_compiled=False):
+    """The stages in order: name, title, steps [(label, command, share of the stage's time)], summary(out, work)
+    -> (numbers, markdown lines, problems). Commands run from the repository; out and work are absolute."""
     py, data = sys.executable, os.path.join(work, 'data')
-    run_ck, ddp_ck = os.path.join(work, 'train'), os.path.join(work, 'ddp')
     prepare = [py, 'prepare.py', 'shakespeare', f'--data_dir={data}']
+    train = [py, 'train.py', 'config/train_gpu_check.py', f'--data_dir={data}']
+    halfway = os.path.join(work, 'lime-half')  # stopped at half of TRAIN_ITERS, then resumed
+    mode, json_1b = 'compiled' if table9_compiled else 'eager', os.path.join(out, 'bench_1b_{}.json')
+    bench = [py, 'bench.py', 'config/bench_1b.py', '--variants=baseline,lime', '--warmup=3', '--iters=10']
     defs = [
         dict(name='cuda-tests', title='CUDA tests: python -m pytest -m cuda', summary=summarize_tests,
-             steps=[('pytest', [py, '-m', 'pytest', '-m', 'cuda', '-n0', '-rfEs'], 5.0)]),
-        dict(name='table9', title="The paper's 1B shapes (config/bench_1b.py) beside its Table 9",
-             summary=summarize_table9,
-             steps=[(attn, [py, 'bench.py', 'config/bench_1b.py', f'--settings={attn}-compiled', '--warmup=3',
-                            '--iters=10', f"--json={os.path.join(out, f'bench_1b_{attn}.json')}"], 4.5)
-                    for attn in ('gqa', 'mha')]),
-        depth_stage('depth', 32, 3.5, out),  # two compiles of 51-90 s each, 10 timed steps
-        dict(name='train', title='A ~124M-parameter run (config/train_gpu_check.py), sampled on GPU and CPU',
+             steps=[('pytest', [py, '-m', 'pytest', '-m', 'cuda', '-n', '8', '--dist=worksteal', '-rfEs'], 1.0)]),
+        dict(name='train', title='A small LIMe model and its baseline (config/train_gpu_check.py): compiled, bf16; '
+                                 'an exact resume; sampled on the GPU and the CPU',
              summary=summarize_train,
-             steps=[('prepare', prepare, 0.4),
-                    ('train', [py, 'train.py', 'config/train_gpu_check.py', f'--data_dir={data}',
-                               f'--out_dir={run_ck}'], 3.0),  # one compile of 12 layers, 300 steps
-                    *[(f'sample-{d}', [py, 'sample.py', f'--out_dir={run_ck}', f'--device={d}', '--num_samples=1',
-                                       '--max_new_tokens=100', '--start=ROMEO:'], 0.3) for d in ('cuda', 'cpu')]]),
+             steps=[('prepare', prepare, 0.05),
+                    ('lime', [*train, f"--out_dir={os.path.join(work, 'lime')}"], 0.30),
+                    ('lime-half', [*train, f"--out_dir={halfway}", f'--max_iters={TRAIN_ITERS // 2}'], 0.14),
+                    ('lime-resume', [*train, f"--out_dir={halfway}", '--init_from=resume'], 0.14),
+                    ('baseline', [*train, f"--out_dir={os.path.join(work, 'baseline')}", '--lime=False'], 0.23),
+                    *[(f'sample-{d}', [py, 'sample.py', f"--out_dir={os.path.join(work, 'lime')}", f'--device={d}',
+                                       '--num_samples=1', '--max_new_tokens=100', '--start=ROMEO:'], 0.07)
+                      for d in ('cuda', 'cpu')]]),
+        dict(name='table9', title=f"The paper's 1B shape (config/bench_1b.py), {mode}, beside its Table 9",
+             summary=summarize_table9,
+             steps=[(attn, [*bench, f'--settings={attn}-{mode}', f'--json={json_1b.format(attn)}'], 0.5)
+                    for attn in ('gqa', 'mha')]),
         dict(name='ddp', title='DDP over NCCL: torchrun --standalone --nproc_per_node=1 train.py',
              summary=summarize_ddp,
-             steps=[('prepare', prepare, 0.2),  # made by stage 4 already, unless it is run alone
+             steps=[('prepare', prepare, 0.15),  # made by the training stage already, unless it is run alone
                     ('torchrun', [py, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1',
-                                  'train.py', 'config/train_gpu_check.py', f'--data_dir={data}', f'--out_dir={ddp_ck}',
-                                  '--n_layer=4', '--n_head=4', '--n_embd=256', '--max_iters=30',
-                                  '--lr_decay_iters=30', '--warmup_iters=5', '--eval_interval=30',
-                                  '--log_interval=5'], 1.8)]),
-        depth_stage('depth-64', 64, 9.0, out),  # two compiles of 170-250 s each
+                                  'train.py', 'config/train_gpu_check.py', f'--data_dir={data}',
+                                  f"--out_dir={os.path.join(work, 'ddp')}", '--compile=False', '--n_layer=2',
+                                  '--n_head=4', '--n_embd=128', '--max_iters=30', '--lr_decay_iters=30',
+                                  '--warmup_iters=5', '--eval_interval=30', '--log_interval=5'], 0.85)]),
     ]
     return [dict(d, number=k) for k, d in enumerate(defs, 1)]
+
+
+def plan(names, total_minutes):
+    """{stage name: budget in seconds}: the total less RESERVE_S, split over the named stages by SHARES."""
+    usable = total_minutes * 60 - RESERVE_S
+    if not (math.isfinite(total_minutes) and usable >= MIN_STAGE_S * len(names)):
+        raise UserError(f"minutes={total_minutes} is too little: {len(names)} stage(s) need at least "
+                        f"{(RESERVE_S + MIN_STAGE_S * len(names)) / 60:.2f} minutes")
+    weight = sum(SHARES[n] for n in names)
+    return {n: usable * SHARES[n] / weight for n in names}
 
 
 # ----------------------------------------------------------------------------- running
@@ -167,21 +178,22 @@ def tail(path, lines=15):
         return ''
 
 
-def run_stage(stage, out, work, scale=1.0):
-    """Every step of a stage, each with its own budget plus whatever the steps before it left unused of
-    theirs, then the stage's summary: its record (status 'ok', 'failed' or 'overran')."""
-    budgets = [minutes * 60 * scale for _, _, minutes in stage['steps']]
+def run_stage(stage, budget, out, work):
+    """Every step of a stage within the stage's budget (seconds): each step gets its share plus whatever the
+    steps before it left unused of theirs; then the stage's summary. Its record (status 'ok', 'failed' or
+    'overran')."""
     start = time.time()
-    deadline, steps = start + sum(budgets), []
+    total_share, done_share, steps = sum(s for *_, s in stage['steps']), 0.0, []
     os.makedirs(os.path.join(out, 'logs'), exist_ok=True)
-    for i, (label, cmd, _) in enumerate(stage['steps']):
+    for label, cmd, share in stage['steps']:
+        done_share += share
         log = os.path.join(out, 'logs', f"{stage['name']}-{label}.log")
-        status, code, seconds = run_step(cmd, log, deadline - sum(budgets[i + 1:]) - time.time())
+        status, code, seconds = run_step(cmd, log, start + budget * done_share / total_share - time.time())
         steps.append(dict(label=label, command=shown(cmd), status=status, returncode=code,
-                          minutes=round(seconds / 60, 2), budget_min=round(budgets[i] / 60, 2),
+                          minutes=round(seconds / 60, 2), budget_min=round(budget * share / total_share / 60, 2),
                           log=os.path.relpath(log, out), tail=tail(log) if status != 'ok' else None))
     record = dict(number=stage.get('number'), name=stage['name'], title=stage['title'], steps=steps,
-                  budget_min=round(sum(budgets) / 60, 2), minutes=round((time.time() - start) / 60, 2),
+                  budget_min=round(budget / 60, 2), minutes=round((time.time() - start) / 60, 2),
                   results=None, lines=[], problems=[])
     try:
         record['results'], record['lines'], record['problems'] = stage['summary'](out, work)
@@ -193,18 +205,34 @@ def run_stage(stage, out, work, scale=1.0):
     return record
 
 
-def run_all(stage_defs, out, work, info, scale=1.0):
-    """Run the stages in order; the reports are rewritten after each. Returns the report."""
-    report = dict(info, stages=[], budget_min=round(sum(m for s in stage_defs for *_, m in s['steps']) * scale, 2))
+def skipped(stage, budget, left):
+    return dict(number=stage.get('number'), name=stage['name'], title=stage['title'], steps=[], status='skipped',
+                budget_min=round(budget / 60, 2), minutes=0.0, results=None, problems=[],
+                lines=[f"- skipped: the time was gone ({max(left, 0):.0f} s left of its {budget:.0f} s, fewer than "
+                       f"{MIN_STAGE_S}); rerun it alone: `python dev/gpu_check.py --stages={stage['name']}`"])
+
+
+def run_all(stage_defs, budgets, out, work, info, earlier=(), clock=time.monotonic, runner=run_stage):
+    """Run the stages in order, stage k until the sum of the budgets (seconds, by name) of stages 1..k has
+    passed since the start, so that time one leaves unused goes to the next and one that overran takes it
+    from the next; a stage with under MIN_STAGE_S left is skipped. The reports are rewritten after each
+    stage; `earlier`: the records of stages not run this time, kept in the report. Returns the report."""
+    report = dict(info, stages=list(earlier), budget_min=round(sum(budgets.values()) / 60, 2), minutes=0.0)
+    start, until = clock(), 0.0
     for k, stage in enumerate(stage_defs, 1):
+        until += budgets[stage['name']]
+        left = start + until - clock()
         print(f"[{time.strftime('%H:%M:%S')}] stage {stage.get('number', k)} ({k} of {len(stage_defs)}) "
-              f"{stage['name']}: {stage['title']}", flush=True)
-        record = run_stage(stage, out, work, scale)
-        report['stages'].append(record)
-        report['minutes'] = round(sum(s['minutes'] for s in report['stages']), 2)
+              f"{stage['name']}, {max(left, 0):.0f} s: {stage['title']}", flush=True)
+        record = runner(stage, left, out, work) if left >= MIN_STAGE_S else skipped(stage, budgets[stage['name']], left)
+        record.setdefault('date', info.get('date'))
+        report['stages'] = sorted([s for s in report['stages'] if s['name'] != stage['name']] + [record],
+                                  key=lambda s: s.get('number') or 0)  # stable: stand-ins keep their order
+        report['minutes'] = round((clock() - start) / 60, 2)
         write_report(report, out)
         print(f"  {record['status']} in {record['minutes']:.1f} of {record['budget_min']:.1f} min"
-              + ''.join(f"\n  problem: {p}" for p in record['problems']), flush=True)
+              + ''.join(f"\n  problem: {p}" for p in record['problems'])
+              + ''.join(f"\n  {line[2:]}" for line in record['lines'] if record['status'] == 'skipped'), flush=True)
     return report
 
 
@@ -241,7 +269,7 @@ def summarize_tests(out, work):
 
 def summarize_table9(out, work):
     """bench.py's records at the 1B shapes, each beside the paper's Table 9 row."""
-    rows, problems, shape = [], [], ''
+    rows, problems, shape, modes = [], [], '', set()
     lines = ["| setting | variant | step ms | × baseline | paper ms | paper × baseline | peak GB | × baseline | "
              "paper GB | paper × baseline | MFU | 1st step s |", "|" + "---|" * 12]
     for attn in ('gqa', 'mha'):
@@ -249,6 +277,7 @@ def summarize_table9(out, work):
         if data is None:
             problems.append(f"{attn}: no results (bench_1b_{attn}.json was not written)")
             continue
+        modes.add(data['config'].get('settings', '?').partition('-')[2])
         paper, shape = PAPER_TABLE9[attn], f"{data['config']['batch_size']} x {data['config']['block_size']}"
         for r in data['records']:
             p_ms, p_gb = paper.get(r['variant'], (None, None))
@@ -267,34 +296,13 @@ def summarize_table9(out, work):
             lines.append(f"| {attn} | {r['variant']} | {row['step_ms']:.2f} | {fmt(row['step_ratio'])} | {fmt(p_ms)} | "
                          f"{fmt(row['paper_step_ratio'])} | {row['mem_gb']:.2f} | {fmt(row['mem_ratio'])} | "
                          f"{fmt(p_gb)} | {fmt(row['paper_mem_ratio'])} | {mfu} | {row['first_step_s']:.0f} |")
+    if modes - {'compiled'}:
+        lines += ["", f"Run {'/'.join(sorted(modes))}, not compiled: the paper's Table 9 is torch.compile'd (default "
+                  "mode), so the paper's columns are for orientation only; compiled: `python dev/gpu_check.py "
+                  f"--stages=table9 --minutes={math.ceil((COMPILED_1B_S + RESERVE_S) / 60)}`."]
     lines += ["", f"Batch {shape or '?'} tokens (the paper does not give its batch: compare the ratios); peak GB: "
               "torch.cuda.max_memory_allocated over one train step, 1e9 bytes; 1st step: compiling included. The "
               "paper's reduce-overhead rows: `python bench.py config/bench_1b.py --settings=gqa-ro,mha-ro`."]
-    return rows, lines, problems
-
-
-def summarize_depth(out, work, depths):
-    """LIMe / baseline at each depth, beside the FLOP ratio."""
-    rows, problems = [], []
-    lines = ["| layers | baseline ms | LIMe ms | LIMe / baseline step (paired) | FLOP ratio | peak memory ratio | "
-             "LIMe peak GB | compile s, baseline → LIMe |", "|" + "---|" * 8]
-    for L in depths:
-        data = read_json(os.path.join(out, f'bench_depth_L{L}.json'))
-        recs = {r['variant']: r for r in data['records']} if data else {}
-        bad = '; '.join(f"{v}: {r['error']}" for v, r in recs.items() if 'error' in r)
-        if set(recs) != {'baseline', 'lime'} or bad:
-            problems.append(f"{L} layers: {bad or f'no results (bench_depth_L{L}.json was not written)'}")
-            lines.append(f"| {L} | {bad[:200] or 'no results'} |")
-            continue
-        b, m = recs['baseline'], recs['lime']
-        row = dict(n_layer=L, baseline_ms=b['step_ms'], lime_ms=m['step_ms'], step_ratio=m['step_ratio'],
-                   step_ratio_paired=m['step_ratio_paired'], flop_ratio=m['flops_per_token'] / b['flops_per_token'],
-                   mem_ratio=m['mem_ratio'], lime_mem_gb=m['mem_bytes'] / 1e9,
-                   compile_s=(b['first_step_s'], m['first_step_s']))
-        rows.append(row)
-        lines.append(f"| {L} | {row['baseline_ms']:.1f} | {row['lime_ms']:.1f} | {row['step_ratio']:.3f} "
-                     f"({row['step_ratio_paired']:.3f}) | {row['flop_ratio']:.3f} | {row['mem_ratio']:.3f} | "
-                     f"{row['lime_mem_gb']:.1f} | {b['first_step_s']:.0f} → {m['first_step_s']:.0f} |")
     return rows, lines, problems
 
 
@@ -313,30 +321,86 @@ def training_numbers(run_dir, warm):
 
 
 def sample_text(out, label):
-    """What sample.py printed (its first sample), from its log."""
+    """What sample.py printed (its first sample, without the line naming the checkpoint), from its log; ''
+    if it did not end with a sample."""
     text = tail(os.path.join(out, 'logs', f'train-{label}.log'), 200).split('\n', 1)
-    return text[1].split('---------------')[0].strip() if len(text) > 1 and text[0].startswith('$') else ''
+    if len(text) < 2 or not text[0].startswith('$') or '---------------' not in text[1]:
+        return ''
+    return re.sub(r'\A\S+: iter \d+, .*\n', '', text[1].split('---------------')[0]).strip()
 
 
 def summarize_train(out, work):
-    nums = training_numbers(os.path.join(work, 'train'), warm=20)
-    params = re.search(r'model: ([\d.]+)M parameters', tail(os.path.join(out, 'logs', 'train-train.log'), 400))
-    nums.update(params_m=params and float(params.group(1)),
+    """LIMe's and the baseline's tokens/s and MFU, the loss, the resume against the run straight through
+    (logged losses and learning rates, then every weight), the samples."""
+    runs = {name: training_numbers(os.path.join(work, name), warm=20) for name in ('lime', 'baseline')}
+    params = re.search(r'model: ([\d.]+)M parameters', tail(os.path.join(out, 'logs', 'train-lime.log'), 400))
+    nums = dict(runs, params_m=params and float(params.group(1)), resume=resume_numbers(work),
                 samples={d: sample_text(out, f'sample-{d}')[:400] for d in ('cuda', 'cpu')})
-    problems = []
-    if not nums['iters']:
-        problems.append("no training iteration was logged")
-    elif not nums['last_loss'] < nums['first_loss'] - 1.0:
-        problems.append(f"the loss did not fall: {nums['first_loss']:.3f} at iteration 1, "
-                        f"{nums['last_loss']:.3f} at the last")
+    problems, lines = [], [f"- LIMe: {nums['params_m']}M parameters, compiled, bf16"]
+    for name, r in runs.items():
+        if not r['iters']:
+            problems.append(f"{name}: no training iteration was logged")
+        elif not r['last_loss'] < r['first_loss'] - 1.0:
+            problems.append(f"{name}: the loss did not fall: {r['first_loss']:.3f} at iteration 1, "
+                            f"{r['last_loss']:.3f} at the last")
+        mfu = "n/a (the GPU's name is not in common.PEAK_FLOPS)" if r['mfu'] is None else f"{100 * r['mfu']:.1f} %"
+        lines.append(f"- {name}: {r['iters']} iterations; tokens/s {fmt(r['tokens_per_s'], ',.0f')}, MFU {mfu} "
+                     f"(medians after iteration 20); loss {fmt(r['first_loss'])} → {fmt(r['last_loss'])}; val loss "
+                     + ', '.join(f"{v:.3f} at {it}" for it, v in r['val_loss']))
+    if runs['lime']['tokens_per_s'] and runs['baseline']['tokens_per_s']:
+        ratio = runs['lime']['tokens_per_s'] / runs['baseline']['tokens_per_s']
+        lines.append(f"- LIMe / baseline tokens/s: {ratio:.3f}")
+    res = nums['resume']
+    if res is None:
+        problems.append("the exact-resume check has no runs to compare (a step before it failed)")
+    elif res['fresh_loss_diff'] is None:
+        problems += res['problems']
+    else:
+        problems += res['problems']
+        lines.append(f"- resumed at {TRAIN_ITERS // 2} against straight through: "
+                     + ('bit-identical (losses, learning rates, every weight)' if res['identical'] else
+                        f"max |Δ loss| {res['resumed_loss_diff']:.2e}, max |Δ weight| {res['weight_diff']:.2e}")
+                     + f"; two fresh runs to {TRAIN_ITERS // 2}: max |Δ loss| {res['fresh_loss_diff']:.2e} "
+                       "(the GPU's run-to-run noise)")
     problems += [f"sample.py on {d} printed nothing" for d, text in nums['samples'].items() if not text]
-    mfu = "n/a (the GPU's name is not in common.PEAK_FLOPS)" if nums['mfu'] is None else f"{100 * nums['mfu']:.1f} %"
-    lines = [f"- {nums['params_m']}M parameters, {nums['iters']} iterations; tokens/s "
-             f"{fmt(nums['tokens_per_s'], ',.0f')}, MFU {mfu} (medians after iteration 20)",
-             f"- loss {fmt(nums['first_loss'])} at iteration 1, {fmt(nums['last_loss'])} at the last; val loss "
-             + ', '.join(f"{v:.3f} at {it}" for it, v in nums['val_loss'])]
     lines += [f"- sample on {d}: `{' '.join(text.split())[:200]}`" for d, text in nums['samples'].items()]
     return nums, lines, problems
+
+
+def resume_numbers(work):
+    """The run stopped at half and resumed against the one straight through: their logs' iterations and
+    learning rates must be the same, the losses and weights equal up to the GPU's run-to-run noise (the two
+    runs' first halves measure it: with deterministic kernels it is 0, and the resume must be bit-identical).
+    None if a run is missing."""
+    import torch
+    full, half = (os.path.join(work, d) for d in ('lime', 'lime-half'))
+    if not all(os.path.exists(os.path.join(d, 'ckpt.pt')) for d in (full, half)):
+        return None
+    a, b = (torch.load(os.path.join(d, 'ckpt.pt'), map_location='cpu', weights_only=True) for d in (full, half))
+    if a['iter_num'] != TRAIN_ITERS or b['iter_num'] != TRAIN_ITERS:
+        return dict(fresh_loss_diff=None, resumed_loss_diff=None, weight_diff=None, identical=False,
+                    problems=[f"no exact-resume check: the runs stopped at iterations {a['iter_num']} (straight "
+                              f"through) and {b['iter_num']} (resumed), not both at {TRAIN_ITERS}"])
+    la, lb = ({r['iter']: (r['lr'], r['loss']) for r in read_log(d) if 'loss' in r} for d in (full, half))
+    cut = TRAIN_ITERS // 2
+
+    def diff(first, last):
+        return max((abs(la[i][1] - lb[i][1]) for i in la.keys() & lb.keys() if first <= i <= last), default=math.inf)
+    fresh, resumed = diff(1, cut), diff(cut + 1, TRAIN_ITERS)
+    weights = max((0.0 if torch.equal(a['model'][k], b['model'][k]) else
+                   (a['model'][k].float() - b['model'][k].float()).abs().max().item() for k in a['model']),
+                  default=math.inf) if a['model'].keys() == b['model'].keys() else math.inf
+    problems = []
+    if la.keys() != lb.keys() or [la[i][0] for i in sorted(la)] != [lb[i][0] for i in sorted(lb)]:
+        problems.append("the resumed run's logged iterations or learning rates differ from the run straight through")
+    if fresh == 0 and (resumed != 0 or weights != 0):
+        problems.append(f"not an exact resume: the kernels were deterministic (two fresh runs identical) but "
+                        f"the resumed run differs: max |Δ loss| {resumed:.2e}, max |Δ weight| {weights:.2e}")
+    elif resumed > max(0.05, 10 * fresh):
+        problems.append(f"the resumed run's losses differ from the run straight through by {resumed:.3f}, far "
+                        f"above the GPU's run-to-run noise ({fresh:.2e})")
+    return dict(fresh_loss_diff=fresh, resumed_loss_diff=resumed, weight_diff=weights,
+                identical=resumed == 0 and weights == 0, problems=problems)
 
 
 def summarize_ddp(out, work):
@@ -395,8 +459,9 @@ def write_report(report, out):
     md += [f"| {s['number'] or k} | {s['name']} | {s['status']} | {s['minutes']:.1f} | {s['budget_min']:.1f} |"
            for k, s in enumerate(report['stages'], 1)]
     for k, s in enumerate(report['stages'], 1):
+        earlier = f" (from the check of {s['date']})" if s.get('date', report.get('date')) != report.get('date') else ''
         md += ["", f"## {s['number'] or k}. {s['name']}: {s['status']} ({s['minutes']:.1f} of "
-               f"{s['budget_min']:.1f} min)", "", s['title'], ""]
+               f"{s['budget_min']:.1f} min){earlier}", "", s['title'], ""]
         md += [f"- problem: {p}" for p in s['problems']] + [""] * bool(s['problems'])
         md += s['lines']
         for step in s['steps']:
@@ -427,18 +492,27 @@ def select(defs, spec):
 def main():
     argv = ['--dry_run' if a == '--dry-run' else a for a in sys.argv[1:]]
     configure(globals(), argv=argv)
-    if not (math.isfinite(budget_scale) and budget_scale > 0):
-        raise UserError(f"budget_scale={budget_scale} must be a number > 0 (2.0 doubles every budget)")
+    if bench_1b_mode not in ('auto', 'eager', 'compiled'):
+        raise UserError(f"bench_1b_mode={bench_1b_mode!r}: use 'auto', 'eager' or 'compiled'")
     out, work = os.path.abspath(out_dir), os.path.abspath(work_dir) if work_dir else None
-    chosen = select(stage_list(out, work or os.path.join(tempfile.gettempdir(), 'gpu-check-XXXX')), stages)
-    total = sum(m for s in chosen for *_, m in s['steps']) * budget_scale
+
+    def chosen_stages(work):
+        names = [s['name'] for s in select(stage_list(out, work), stages)]
+        budgets = plan(names, minutes)
+        compiled = bench_1b_mode == 'compiled' or (bench_1b_mode == 'auto' and
+                                                   budgets.get('table9', 0) >= COMPILED_1B_S)
+        return [s for s in stage_list(out, work, compiled) if s['name'] in names], budgets
+    chosen, budgets = chosen_stages(work or os.path.join(tempfile.gettempdir(), 'gpu-check-XXXX'))
     if dry_run:
-        print(f"GPU check: {len(chosen)} stages, {total:.1f} minutes budgeted (at most {STAGE_MINUTES} a stage at "
-              f"budget_scale 1); report and logs into {out}, checkpoints and data into {work or 'a temporary directory'}")
+        print(f"GPU check: {len(chosen)} stage(s) in {minutes:g} minutes: {sum(budgets.values()):.0f} s budgeted, "
+              f"{RESERVE_S} s kept for starting up and the reports; report and logs into {out}, checkpoints and "
+              f"data into {work or 'a temporary directory'}. A stage gets its budget plus what the stages before "
+              f"it left; one with under {MIN_STAGE_S} s left is skipped.")
         for s in chosen:
-            print(f"{s['number']} {s['name']}  {sum(m for *_, m in s['steps']) * budget_scale:.2f} min  {s['title']}")
-            for label, cmd, minutes in s['steps']:
-                print(f"    [{label}, {minutes * budget_scale:.2f} min] {shown(cmd)}")
+            print(f"{s['number']} {s['name']}  {budgets[s['name']]:.0f} s  {s['title']}")
+            total_share = sum(share for *_, share in s['steps'])
+            for label, cmd, share in s['steps']:
+                print(f"    [{label}, {budgets[s['name']] * share / total_share:.0f} s] {shown(cmd)}")
         return
     import torch
     if not torch.cuda.is_available():
@@ -448,16 +522,20 @@ def main():
     lock_dir(out, 'out_dir')
     work = work or tempfile.mkdtemp(prefix='gpu-check-')
     try:
+        chosen, budgets = chosen_stages(work)
+        previous = read_json(os.path.join(out, 'gpu_report.json')) if stages.strip() != 'all' else None
+        earlier = [s for s in (previous or {}).get('stages', []) if s['name'] not in budgets]
         info = device_info(shown([sys.executable, 'dev/gpu_check.py', *sys.argv[1:]]))
-        print(f"GPU check on {info.get('device')}, torch {info.get('torch')}: {len(chosen)} stages, {total:.1f} "
-              f"minutes budgeted; report: {os.path.join(out, 'gpu_report.md')}", flush=True)
-        report = run_all(select(stage_list(out, work), stages), out, work, info, budget_scale)
+        print(f"GPU check on {info.get('device')}, torch {info.get('torch')}: {len(chosen)} stage(s) in "
+              f"{minutes:g} minutes; report: {os.path.join(out, 'gpu_report.md')}", flush=True)
+        report = run_all(chosen, budgets, out, work, info, earlier)
     finally:
         if not work_dir:
             shutil.rmtree(work, ignore_errors=True)
-    bad = [s['name'] for s in report['stages'] if s['status'] != 'ok']
+    bad = [s['name'] for s in report['stages'] if s['status'] != 'ok' and s['name'] in budgets]
     print(f"done in {report.get('minutes', 0):.1f} min: " + (f"{', '.join(bad)} not ok" if bad else "every stage ok")
-          + f"; {os.path.join(out, 'gpu_report.md')}")
+          + f"; {os.path.join(out, 'gpu_report.md')}" + (f"; rerun: python dev/gpu_check.py --stages={','.join(bad)}"
+                                                         if bad else ''))
     sys.exit(1 if bad else 0)
 
 

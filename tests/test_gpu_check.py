@@ -1,11 +1,13 @@
-"""dev/gpu_check.py on the CPU: its plan (--dry-run), its config files, and how it runs stages and reports,
-with stand-in stages of plain python commands: a stage that fails or runs over is recorded (one that runs
-over is stopped, children and all) and the next one runs. The real stages need a GPU: tests/test_cuda.py,
-and the check itself."""
+"""dev/gpu_check.py on the CPU: its plan (--dry-run), the split of --minutes over the stages and the skip of a
+stage whose time is gone (with a fake clock), its config file, and how it runs stages and reports, with
+stand-in stages of plain python commands: a stage that fails or runs over is recorded (one that runs over is
+stopped, children and all) and the next one runs. The real stages need a GPU: tests/test_cuda.py, and the
+check itself."""
 import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,32 +24,118 @@ from model import GPT, GPTConfig
 sys.path.insert(0, os.path.join(REPO, 'dev'))
 import gpu_check  # noqa: E402
 
+STAGES = ['cuda-tests', 'train', 'table9', 'ddp']
 
-def test_dry_run_lists_the_stages_each_within_its_budget():
-    """Every stage fits alone in a 10-minute command on a lent GPU (STAGE_MINUTES)."""
-    code, out, err = script_here('dev/gpu_check.py', '--dry-run')
+
+def dry_run(*args):
+    """The plan printed by --dry-run: its text, and [(number, name, seconds, [(label, seconds, command)])]."""
+    code, out, err = script_here('dev/gpu_check.py', '--dry-run', *args)
     assert code == 0 and not err
-    stages = re.findall(r'^(\d) (\S+)  ([\d.]+) min  ', out, re.M)
-    assert [s[:2] for s in stages] == [('1', 'cuda-tests'), ('2', 'table9'), ('3', 'depth'), ('4', 'train'),
-                                       ('5', 'ddp'), ('6', 'depth-64')]
-    assert all(float(minutes) <= gpu_check.STAGE_MINUTES < 10 for *_, minutes in stages), stages
-    total = sum(float(minutes) for *_, minutes in stages)
-    assert f"{total:.1f} minutes budgeted" in out
-    # each stage's steps, their budgets adding up to the stage's, each a command of this repository
-    blocks = re.split(r'^\d \S+  ', out, flags=re.M)[1:]
-    for (_, name, minutes), block in zip(stages, blocks):
-        steps = re.findall(r'^    \[(\S+), ([\d.]+) min\] (python .*)$', block, re.M)
-        assert steps and sum(float(m) for _, m, _ in steps) == pytest.approx(float(minutes), abs=0.01), name
+    blocks = re.split(r'^(\d) (\S+)  (\d+) s  .*$', out, flags=re.M)[1:]
+    return out, [(int(n), name, int(s), [(label, int(t), cmd) for label, t, cmd in
+                                         re.findall(r'^    \[(\S+), (\d+) s\] (python .*)$', block, re.M)])
+                 for n, name, s, block in zip(*[iter(blocks)] * 4)]
+
+
+def test_dry_run_lists_the_stages_with_budgets_within_the_total(monkeypatch):
+    """--minutes=8 --dry-run: the four stages in order, their budgets adding up to at most 8 minutes, each
+    command one of this repository; in seconds, running nothing and leaving CUDA alone."""
+    def nothing(*args, **kwargs):
+        raise AssertionError(f"the dry run ran {args}")
+    monkeypatch.setattr(subprocess, 'Popen', nothing)
+    t0 = time.monotonic()
+    out, stages = dry_run('--minutes=8')
+    assert time.monotonic() - t0 < 10 and not torch.cuda.is_initialized()
+    assert [(n, name) for n, name, *_ in stages] == list(enumerate(STAGES, 1))
+    assert sum(s for _, _, s, _ in stages) <= 8 * 60 - gpu_check.RESERVE_S
+    assert '4 stage(s) in 8 minutes: 450 s budgeted, 30 s kept' in out
+    for _, name, seconds, steps in stages:  # each stage's steps, their budgets adding up to the stage's
+        assert steps and abs(sum(t for _, t, _ in steps) - seconds) <= len(steps), name
         for *_, cmd in steps:
             assert all(os.path.isfile(os.path.join(REPO, w)) for w in cmd.split() if w.endswith('.py')), cmd
-    assert 'python -m pytest -m cuda' in blocks[0]
-    assert all(f'config/bench_1b.py --settings={a}-compiled' in blocks[1] for a in ('gqa', 'mha'))
-    assert 'config/bench_depth_gpu.py --depths=32 ' in blocks[2] and 'config/bench_depth_gpu.py --depths=64 ' in blocks[5]
+    cmds = {name: [cmd for *_, cmd in steps] for _, name, _, steps in stages}
+    assert cmds['cuda-tests'][0].startswith('python -m pytest -m cuda ')
     work = os.path.join(tempfile.gettempdir(), 'gpu-check-XXXX')  # where a temporary work_dir goes
-    assert all(f'sample.py --out_dir={work}/train --device={d} ' in blocks[3] for d in ('cuda', 'cpu'))
-    assert 'torch.distributed.run --standalone --nproc_per_node=1 train.py' in blocks[4]
-    code, out, err = script_here('dev/gpu_check.py', '--dry-run', '--stages=6')  # one stage alone
-    assert code == 0 and re.findall(r'^(\d) (\S+)  ', out, re.M) == [('6', 'depth-64')]
+    train = [c for c in cmds['train'] if c.startswith('python train.py config/train_gpu_check.py ')]
+    assert [c.split(f'--out_dir={work}/')[1] for c in train] == [
+        'lime', 'lime-half --max_iters=100', 'lime-half --init_from=resume', 'baseline --lime=False']
+    assert all(f'sample.py --out_dir={work}/lime --device={d} ' in ' '.join(cmds['train']) for d in ('cuda', 'cpu'))
+    assert [c.split('--settings=')[1].split()[0] for c in cmds['table9']] == ['gqa-eager', 'mha-eager']
+    assert 'torch.distributed.run --standalone --nproc_per_node=1 train.py' in cmds['ddp'][1]
+
+
+def test_the_minutes_are_split_over_the_stages_by_their_shares():
+    for minutes in (5, 8, 10, 30):
+        budgets = gpu_check.plan(STAGES, minutes)
+        assert list(budgets) == STAGES
+        assert sum(budgets.values()) == pytest.approx(minutes * 60 - gpu_check.RESERVE_S)
+        assert all(budgets[n] / budgets['train'] == pytest.approx(gpu_check.SHARES[n] / gpu_check.SHARES['train'])
+                   for n in STAGES)
+    assert gpu_check.plan(['ddp', 'table9'], 8) == pytest.approx(  # a rerun of some: the minutes are theirs
+        {'ddp': 450 * 0.10 / 0.42, 'table9': 450 * 0.32 / 0.42})
+    with pytest.raises(common.UserError, match=r"minutes=0.5 is too little: 4 stage\(s\) need at least 1.17"):
+        gpu_check.plan(STAGES, 0.5)
+    # the 1B stage compiles where its budget allows four compiles of a 1B model, and runs eager otherwise
+    _, stages = dry_run('--minutes=9', '--stages=table9')
+    assert [c.split('--settings=')[1].split()[0] for *_, c in stages[0][3]] == ['gqa-compiled', 'mha-compiled']
+    _, stages = dry_run('--minutes=8', '--stages=3', '--bench_1b_mode=compiled')
+    assert stages[0][1] == 'table9' and 'mha-compiled' in stages[0][3][1][2]
+
+
+def test_stages_selects_some_and_names_the_valid_ones_when_wrong():
+    _, stages = dry_run('--minutes=4', '--stages=ddp,2')
+    assert [(n, name) for n, name, *_ in stages] == [(2, 'train'), (4, 'ddp')]  # in the check's order
+    assert sum(s for _, _, s, _ in stages) <= 4 * 60
+    p = run('dev/gpu_check.py', '--dry-run', '--stages=train,x')
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+        "error: stages='train,x': unknown x; use 'all' or names or numbers from: 1 cuda-tests, 2 train, 3 table9, "
+        "4 ddp"]
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_stage_whose_time_is_gone_is_skipped_and_the_report_is_written_after_each(tmp_path):
+    """With a fake clock and stand-in stages: a stage runs until the budgets of it and the stages before it
+    have passed (what one leaves goes to the next; what one overruns, the next loses); one with less than
+    MIN_STAGE_S left is skipped with a line; gpu_report.json and .md are rewritten after every stage."""
+    out, clock, seen = str(tmp_path), FakeClock(), []
+
+    def runner(stage, budget, out, work):
+        written = gpu_check.read_json(os.path.join(out, 'gpu_report.json'))
+        done = written and [s['name'] for s in written['stages']]
+        seen.append((stage['name'], budget, done))
+        clock.now += stage['takes']
+        return dict(number=stage['number'], name=stage['name'], title='', steps=[], status='ok', minutes=0.0,
+                    budget_min=round(budget / 60, 2), results=None, lines=[], problems=[])
+    stages = [dict(name=n, number=k, title=n, takes=t) for k, (n, t) in enumerate(
+        [('early', 20), ('overruns', 400), ('starved', 0), ('gets-the-rest', 15), ('last', 0)], 1)]
+    budgets = {'early': 100, 'overruns': 100, 'starved': 100, 'gets-the-rest': 100 + 5 + 30, 'last': 5}
+    earlier = [dict(number=9, name='from-before', title='', steps=[], status='failed', minutes=1.0, budget_min=1.0,
+                    results=None, lines=[], problems=[], date='yesterday')]  # a rerun keeps the stages not rerun
+    report = gpu_check.run_all(stages, budgets, out, str(tmp_path), dict(device='Stand-in GPU', date='today'), earlier,
+                               clock, runner)
+    assert seen == [('early', 100, None), ('overruns', 180, ['early', 'from-before']),
+                    ('gets-the-rest', 15, ['early', 'overruns', 'starved', 'from-before'])]
+    assert [(s['name'], s['status']) for s in report['stages']] == [
+        ('early', 'ok'), ('overruns', 'ok'), ('starved', 'skipped'), ('gets-the-rest', 'ok'), ('last', 'skipped'),
+        ('from-before', 'failed')]
+    with open(os.path.join(out, 'gpu_report.json')) as f:
+        assert json.load(f) == json.loads(json.dumps(report))
+    assert report['minutes'] == pytest.approx(435 / 60, abs=0.01)
+    with open(os.path.join(out, 'gpu_report.md')) as f:
+        md = f.read()
+    assert re.search(r'^\| 3 \| starved \| skipped \| 0.0 \| 1.7 \|$', md, re.M)
+    assert ("- skipped: the time was gone (0 s left of its 100 s, fewer than 10); rerun it alone: "
+            "`python dev/gpu_check.py --stages=starved`") in md
+    assert "(5 s left of its 5 s" in md  # the last: its own 5 s, of which nothing was taken
+    assert re.search(r'^## 9\. from-before: failed \(1.0 of 1.0 min\) \(from the check of yesterday\)$', md, re.M)
+    assert re.search(r'^## 1\. early: ok \([\d.]+ of 1.7 min\)$', md, re.M)
 
 
 def test_a_machine_with_torch_alone_is_told_what_to_install():
@@ -61,7 +149,8 @@ def test_a_machine_with_torch_alone_is_told_what_to_install():
 
 def test_bad_options_and_no_gpu_stop_before_any_work(tmp_path):
     for args, message in [(['--stages=2,train,x'], "stages='2,train,x': unknown x; use 'all' or names or numbers"),
-                          (['--budget_scale=0.0'], "budget_scale=0.0 must be a number > 0")]:
+                          (['--minutes=0.1'], "minutes=0.1 is too little"),
+                          (['--bench_1b_mode=fast'], "bench_1b_mode='fast': use 'auto', 'eager' or 'compiled'")]:
         with pytest.raises(common.UserError) as e:
             script_here('dev/gpu_check.py', '--dry-run', *args)
         assert str(e.value).startswith(message)
@@ -80,7 +169,8 @@ def alive(pid):
         return False
 
 
-def test_failures_and_overruns_are_recorded_and_the_next_stage_runs(tmp_path):
+def test_failures_and_overruns_are_recorded_and_the_next_stage_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, 'MIN_STAGE_S', 1)  # a stage of 3 s runs
     out, pid_file = str(tmp_path / 'out'), tmp_path / 'child.pid'
     os.makedirs(out)
 
@@ -100,41 +190,43 @@ def test_failures_and_overruns_are_recorded_and_the_next_stage_runs(tmp_path):
                "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
                f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
                "time.sleep(60)")
-    stages = [
-        dict(name='good', title='prints hello', summary=summary(1), steps=[('a', py("print('hello')"), 0.5)]),
+    stages = [  # the slow one first: time the others leave unused would go to it
+        dict(name='slow', title='runs over its 3 seconds', summary=broken, steps=[('sleeps', py(sleeper), 1)]),
+        dict(name='good', title='prints hello', summary=summary(1), steps=[('a', py("print('hello')"), 1)]),
         dict(name='bad', title='a failing step, then one that passes', summary=summary(2),
-             steps=[('fails', py("import sys; print('boom'); sys.exit(3)"), 0.5), ('passes', py('pass'), 0.5)]),
-        dict(name='slow', title='runs over its 3 seconds', summary=broken, steps=[('sleeps', py(sleeper), 0.05)]),
+             steps=[('fails', py("import sys; print('boom'); sys.exit(3)"), 1), ('passes', py('pass'), 1)]),
         dict(name='problem', title='exits 0, its summary finds a problem', summary=report_so_far,
-             steps=[('a', py('pass'), 0.5)]),
+             steps=[('a', py('pass'), 1)]),
     ]
+    budgets = {'slow': 3, 'good': 30, 'bad': 60, 'problem': 30}
     info = dict(device='Stand-in GPU', memory_gib=80.0, capability='9.0', gpus=1, driver='1.0', cuda='12.0',
                 torch=torch.__version__, python='3', cpus=2, peak_flops=989e12, date='today', commit='abc',
                 command='python dev/gpu_check.py')
     t0 = time.time()
-    report = gpu_check.run_all(stages, out, str(tmp_path / 'work'), info)
+    report = gpu_check.run_all(stages, budgets, out, str(tmp_path / 'work'), info)
     assert time.time() - t0 < 20  # the sleeper stopped at its budget, not after its 60 s
     with open(os.path.join(out, 'gpu_report.json')) as f:
         saved = json.load(f)
     assert saved == json.loads(json.dumps(report)) and saved['budget_min'] == 2.05
-    assert [s['status'] for s in saved['stages']] == ['ok', 'failed', 'overran', 'failed']
-    good, bad, slow, problem = saved['stages']
+    assert [s['status'] for s in saved['stages']] == ['overran', 'ok', 'failed', 'failed']
+    slow, good, bad, problem = saved['stages']
+    assert bad['steps'][0]['budget_min'] == bad['steps'][1]['budget_min'] == 0.75  # halves of 60 s and good's 30 unused
     assert good['results'] == 1 and good['steps'][0]['returncode'] == 0 and good['minutes'] < good['budget_min']
     with open(os.path.join(out, good['steps'][0]['log'])) as f:
-        assert f.read() == f"$ python -c {shlex.quote(stages[0]['steps'][0][1][2])}\nhello\n"
+        assert f.read() == f"$ python -c {shlex.quote(stages[1]['steps'][0][1][2])}\nhello\n"
     assert [(s['label'], s['status'], s['returncode']) for s in bad['steps']] == [('fails', 'failed', 3),
                                                                                   ('passes', 'ok', 0)]
     assert 'boom' in bad['steps'][0]['tail']
     assert slow['steps'][0]['status'] == 'overran' and slow['problems'] == ["no summary: KeyError: 'x'"]
-    assert 0.05 <= slow['minutes'] < 0.3
+    assert 0.05 <= slow['minutes'] < 0.4
     assert not alive(int(pid_file.read_text()))  # the step's own child was stopped too
-    assert problem['results'] == ['good', 'bad', 'slow']  # the report was written after each stage
+    assert problem['results'] == ['slow', 'good', 'bad']  # the report was written after each stage
     assert problem['problems'] == ['the loss did not fall']
     with open(os.path.join(out, 'gpu_report.md')) as f:
         md = f.read()
     assert 'Stand-in GPU (80.0 GiB' in md and 'driver 1.0' in md and f'torch {torch.__version__}' in md
     assert 'date: today' in md and 'peak bf16 for MFU: 989 TFLOP/s' in md
-    for k, (name, status) in enumerate([('good', 'ok'), ('bad', 'failed'), ('slow', 'overran'),
+    for k, (name, status) in enumerate([('slow', 'overran'), ('good', 'ok'), ('bad', 'failed'),
                                         ('problem', 'failed')], 1):
         assert re.search(rf'^\| {k} \| {name} \| {status} \| [\d.]+ \| [\d.]+ \|$', md, re.M), name
         assert re.search(rf'^## {k}\. {name}: {status} \([\d.]+ of [\d.]+ min\)$', md, re.M), name
@@ -142,29 +234,38 @@ def test_failures_and_overruns_are_recorded_and_the_next_stage_runs(tmp_path):
     assert "`sleeps` overran" in md and "`fails` failed with exit status 3" in md
 
 
-def test_the_training_config_is_a_124m_lime_run(monkeypatch):
-    """config/train_gpu_check.py: a GPT-2-small-sized LIMe model (~124M parameters), compiled, bf16, on the
-    offline BPE Shakespeare. (config/bench_depth_gpu.py: tests/test_bench.py's test of the shipped configs.)"""
+def test_the_training_config_is_a_small_compiled_bf16_lime_run(monkeypatch):
+    """config/train_gpu_check.py: a small LIMe model (~30M parameters, most of them the embedding), compiled,
+    bf16, on the offline BPE Shakespeare, stopped at half its iterations by the check's resume."""
     train_cfg = common._exec_config_file(os.path.join(REPO, 'config', 'train_gpu_check.py'), {})
     assert (train_cfg['dataset'], train_cfg['device'], train_cfg['dtype'], train_cfg['compile']) == (
         'shakespeare', 'cuda', 'bfloat16', True)
-    assert 200 <= train_cfg['max_iters'] <= 500
+    assert train_cfg['max_iters'] == train_cfg['lr_decay_iters'] == gpu_check.TRAIN_ITERS
+    assert gpu_check.TRAIN_ITERS // 2 % train_cfg['eval_interval'] == 0  # a checkpoint where the half run stops
     for init in ('normal_', 'kaiming_uniform_'):  # shapes only: the weights stay uninitialised
         monkeypatch.setattr(torch.nn.init, init, lambda t, *args, **kwargs: t)
     model = GPT(GPTConfig(vocab_size=data.EOT + 1, lime=train_cfg['lime'], block_size=train_cfg['block_size'],
                           n_layer=train_cfg['n_layer'], n_head=train_cfg['n_head'], n_embd=train_cfg['n_embd']))
-    assert 100e6 <= model.get_num_params() <= 130e6 and model.config.lime
+    assert 20e6 <= model.get_num_params() <= 40e6 and model.config.lime
 
 
-def test_train_py_accepts_the_training_config(tmp_path, monkeypatch):
-    """train.py checks the config and stops where it would claim its out_dir (as sweep.py checks a run)."""
-    prepare.prepare_bpe(prepare.read_shakespeare()[:100_000], str(tmp_path / 'shakespeare'))
-    seen = {}
+def test_train_py_accepts_the_checks_training_commands(tmp_path, monkeypatch):
+    """train.py checks each command of the training and DDP stages (on the CPU) and stops where it would
+    claim its out_dir (as sweep.py checks a run); the resumed one needs a checkpoint and is left out."""
+    prepare.prepare_bpe(prepare.read_shakespeare()[:100_000], str(tmp_path / 'data' / 'shakespeare'))
+    seen = []
 
     def stop(*args, **kwargs):
-        seen.update(sys._getframe(1).f_globals['config'])
+        seen.append(dict(sys._getframe(1).f_globals['config']))
         raise SystemExit(0)
     monkeypatch.setattr(checkpoint, 'on_rank_0', stop)
-    code, _, _ = script_here('train.py', os.path.join(REPO, 'config', 'train_gpu_check.py'), f'--data_dir={tmp_path}',
-                             '--device=cpu', '--dtype=float32')
-    assert code == 0 and seen['n_embd'] == 768
+    stages = {s['name']: s for s in gpu_check.stage_list(str(tmp_path / 'out'), str(tmp_path))}
+    cmds = [cmd for s in ('train', 'ddp') for label, cmd, _ in stages[s]['steps'] if 'train.py' in cmd
+            and '--init_from=resume' not in cmd]
+    assert len(cmds) == 4
+    for cmd in cmds:
+        args = cmd[cmd.index('train.py') + 1:]
+        code, _, _ = script_here('train.py', os.path.join(REPO, args[0]), *args[1:], '--device=cpu', '--dtype=float32')
+        assert code == 0, cmd
+    assert [(c['n_embd'], c['lime'], c['max_iters'], c['compile']) for c in seen] == [
+        (384, True, 200, True), (384, True, 100, True), (384, False, 200, True), (128, True, 30, False)]
