@@ -19,9 +19,9 @@ off: GPTConfig's model); RelativesGPT is model.GPT with a relative's weights add
 none drawn from the RNG; then reset_parameters: random weights, drawn after the baseline's and LIMe's, so one
 seed gives every variant the baseline's weights), its blocks run on the relative's residual stream (run_blocks,
 through stream(model, x)), and the mixing's FLOPs added (flops). build_model(config) is model.GPT when no
-relative is on. A Stream runs each block through its sub-layers' own modules (block.attn, block.mlp), so LIMe's routing, RoPE and the
-KV cache work as in the baseline; most streams only say where a sub-layer's input comes from and where its
-output goes:
+relative is on. A Stream runs each block through its sub-layers' own modules (block.attn, block.mlp), so
+LIMe's routing, RoPE and the KV cache work as in the baseline; most streams only say where a sub-layer's
+input comes from and where its output goes:
     stream.read() -> the next sub-layer's input (B, T, d); stream.write(y): that sub-layer's output;
     stream.output() -> what the final norm sees.
 Sub-layers come in order: layer 0's attention, layer 0's MLP, layer 1's attention, ...
