@@ -62,6 +62,9 @@ n_kv_head = None           # None: n_head (MHA); fewer heads: GQA
 n_embd = 128
 mlp_hidden = None          # None: the Llama rule (8/3 * n_embd, rounded up to 64)
 dropout = 0.0
+tie_embeddings = True      # the output head is the token embedding (False: a head of its own, as most Llamas)
+rope_theta = 10000.0       # RoPE's base
+norm_eps = 1e-6            # RMSNorm's eps
 lime = True                # the paper's method; False: the Llama baseline
 router = 'full'            # full, average, dynamic, last-<j>, first-<j>
 router_init = 'paper'      # 'paper' (the authors' init) or 'identity' (LIMe starts as the baseline function)
@@ -96,6 +99,10 @@ compile = 'auto'           # 'auto' (on CUDA only), True or False
 seed = 1337
 peak_flops = 0.0           # per-device peak FLOP/s for MFU; 0.0: from the GPU's name (nanolime/common.py), none on CPU
 # -----------------------------------------------------------------------------
+# the model options an import (init_from='hf:DIR') takes from the Llama; resuming such a run takes them from the
+# checkpoint, except those given a value other than the default here
+IMPORTED = ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'norm_eps', 'rope_theta', 'tie_embeddings')
+IMPORTED_DEFAULTS = {k: globals()[k] for k in IMPORTED}
 config = configure(globals())
 hf_dir = init_from[len('hf:'):] if init_from.startswith('hf:') else None  # a Llama's folder to start from
 
@@ -106,7 +113,7 @@ check_ranges({**config, 'init_from': 'hf:DIR' if hf_dir else init_from},
              choices={'optimizer': ('adamw', 'muon'), 'init_from': ('scratch', 'resume', 'hf:DIR'),
                       'compile': ('auto', True, False)},
              finite=('router_lr', 'attnres_query_lr', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'),
-             positive=('learning_rate', 'muon_lr'), fraction=('dropout', 'beta1', 'beta2', 'muon_momentum'))
+             positive=('learning_rate', 'muon_lr', 'rope_theta', 'norm_eps'), fraction=('dropout', 'beta1', 'beta2', 'muon_momentum'))
 if decay_lr and lr_decay_iters <= warmup_iters:
     raise UserError(f"lr_decay_iters={lr_decay_iters} must be > warmup_iters={warmup_iters} (or set decay_lr=False)")
 if lime and router == 'average' and router_init == 'identity':
@@ -134,15 +141,24 @@ if hf_dir is not None:  # the model's shape is the Llama's (LIMe's routers, if a
                         f"dataset '{dataset}' {meta['vocab_size']}; train it on a dataset of its tokenizer")
     config.update(llama)
     globals().update(llama)
+ckpt_path = os.path.join(out_dir, CKPT_NAME)
+ckpt = ckpt_log = None
+imported_from = hf_dir  # the Llama this run's model started from, if any (a resumed run: its checkpoint's)
+if init_from == 'resume':
+    ckpt = load_checkpoint(ckpt_path, "checkpoint to resume from (init_from='resume')")
+    first = str(ckpt['config'].get('init_from', ''))
+    imported_from = ckpt.get('imported_from') or (first[len('hf:'):] if first.startswith('hf:') else None)
+    if imported_from is not None:  # its shape and settings are the Llama's, not train.py's defaults
+        llama = {k: ckpt['model_args'][k] for k in IMPORTED
+                 if k in ckpt['model_args'] and config[k] == IMPORTED_DEFAULTS[k]}
+        config.update(llama)
+        globals().update(llama)
 model_args = {f.name: config[f.name] for f in dataclasses.fields(RelativesConfig) if f.name in config}
 try:  # shapes and the router variant
     gptconf = RelativesConfig(vocab_size=int(meta['vocab_size']), **model_args)
 except ValueError as e:
     raise UserError(f"invalid model config: {e}") from None
-ckpt_path = os.path.join(out_dir, CKPT_NAME)
-ckpt = ckpt_log = None
-if init_from == 'resume':
-    ckpt = load_checkpoint(ckpt_path, "checkpoint to resume from (init_from='resume')")
+if ckpt is not None:
     check_resume(ckpt, ckpt_path, dataclasses.asdict(gptconf), config, meta, ddir)
 
 # devices and DDP (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE)
@@ -285,7 +301,7 @@ def save_checkpoint(rng_states):
                  'scaler': scaler.state_dict() if scaler.is_enabled() else None, 'config': config, 'meta': meta,
                  'model_args': dataclasses.asdict(gptconf), 'iter_num': iter_num, 'best_val_loss': best_val_loss,
                  'rng': rng_states, 'tokens': tokens_seen, 'flops': flops_seen, 'world_size': world_size,
-                 'log': log_lines, 'git_commit': commit, 'torch_version': str(torch.__version__)},
+                 'log': log_lines, 'imported_from': imported_from, 'git_commit': commit, 'torch_version': str(torch.__version__)},
                 ckpt_path, resume_hint())
     write_log(resume_hint())
     print(f"saved checkpoint to {ckpt_path} (iter {iter_num})")
@@ -299,7 +315,12 @@ def logged_iter(line):
 
 def resume_hint():
     """How to go on after this run stops: from the checkpoint in out_dir if it is this run's (or the one it resumed)."""
-    return "continue with --init_from=resume" if last_saved is not None or init_from == 'resume' else "run again"
+    if last_saved is None and init_from != 'resume':
+        return "run again"
+    return RESUME_COMMAND
+
+# the same command, continued: the model options an import set come from the checkpoint
+RESUME_COMMAND = f"continue with --init_from=resume{f' (in place of --init_from={init_from})' if hf_dir else ''}"
 
 def stopped(reason):
     """The error of a run that cannot go on, saying which checkpoint survives it."""
@@ -401,8 +422,7 @@ while iter_num < max_iters and not eval_only:
         last_saved = iter_num
     if stop_now:
         if master:
-            print(f"interrupted at iter {iter_num}: checkpoint saved to {ckpt_path}; "
-                  "continue with --init_from=resume", flush=True)
+            print(f"interrupted at iter {iter_num}: checkpoint saved to {ckpt_path}; {RESUME_COMMAND}", flush=True)
         break
 
 on_rank_0(write_log, resume_hint())  # records since the last checkpoint (eval_only, always_save_checkpoint=False)

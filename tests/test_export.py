@@ -317,3 +317,74 @@ def test_export_without_transformers_is_one_line(runs, tmp_path, monkeypatch):
                        match=r"^integrations/export.py needs transformers: pip install -r requirements-hf.txt$"):
         script_here('integrations/export.py', f'--out_dir={runs("lime-gqa")}', f'--to={tmp_path}/x')
     assert not os.path.exists(f'{tmp_path}/x')
+
+
+# ----------------------------------------------------------------------------- a released Llama's own settings
+def make_llama(folder, data_dir, **kw):
+    """A tiny LlamaForCausalLM saved by transformers, as most released Llamas are: untied, rms_norm_eps 1e-5,
+    rope_theta 5e5 (not our defaults), GQA and an intermediate size of its own; the shape of conftest's TINY_RUN."""
+    import pickle
+    with open(os.path.join(data_dir, 'shakespeare_char', 'meta.pkl'), 'rb') as f:
+        vocab = pickle.load(f)['vocab_size']
+    args = dict(vocab_size=vocab, hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, rms_norm_eps=1e-5, rope_theta=5e5, tie_word_embeddings=False,
+                max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**args, **kw})).save_pretrained(folder)
+    return str(folder)
+
+
+def test_sigterm_after_a_llama_import_prints_a_resume_command_that_works(tmp_path, data_dir, capsys):
+    """SIGTERM stops a run imported from a Llama whose settings are not our defaults; the command it prints to go
+    on (the same one, --init_from=resume in place of --init_from=hf:DIR) resumes it."""
+    from conftest import TINY_RUN, child_env, ckpt_of, REPO
+    import signal
+    import subprocess
+    import time
+    llama, out = make_llama(tmp_path / 'llama', data_dir), str(tmp_path / 'out')
+    args = [*TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}', '--lr_decay_iters=100000',
+            '--eval_interval=100000']
+    proc = subprocess.Popen([sys.executable, 'train.py', *args, f'--init_from=hf:{llama}', '--max_iters=100000'],
+                            cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen, deadline = [], time.time() + 120
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith('iter 2:') or time.time() > deadline:
+                break
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stdout = ''.join(seen) + stdout
+    assert proc.returncode == 130 and 'Traceback' not in stderr, stdout + stderr
+    hint = [line for line in stdout.splitlines() if line.startswith('interrupted at iter')]
+    assert len(hint) == 1 and '--init_from=resume' in hint[0], stdout
+    ckpt = ckpt_of(out)
+    n = ckpt['iter_num']
+    assert {k: ckpt['model_args'][k] for k in ('tie_embeddings', 'norm_eps', 'rope_theta', 'n_kv_head',
+                                               'mlp_hidden')} == dict(tie_embeddings=False, norm_eps=1e-5,
+                                                                      rope_theta=5e5, n_kv_head=1, mlp_hidden=96)
+    code, stdout, _ = script_here('train.py', *args, '--init_from=resume', f'--max_iters={n + 2}')
+    assert code == 0 and f'resuming from {out}/ckpt.pt at iter {n + 1}' in stdout
+    assert ckpt_of(out)['iter_num'] == n + 2 and ckpt_of(out)['model_args'] == ckpt['model_args']
+
+
+def test_llama_settings_are_train_keys(tmp_path, data_dir):
+    """tie_embeddings, norm_eps and rope_theta are train.py options (a scratch run's model has them); a resumed
+    import may give them too, and one that differs from the checkpoint's is refused."""
+    from conftest import TINY_RUN, ckpt_of
+    out = str(tmp_path / 'scratch')
+    code, _, _ = script_here('train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=1',
+                             '--tie_embeddings=False', '--norm_eps=1e-5', '--rope_theta=5e5')
+    assert code == 0
+    args = ckpt_of(out)['model_args']
+    assert (args['tie_embeddings'], args['norm_eps'], args['rope_theta']) == (False, 1e-5, 5e5)
+    llama, out = make_llama(tmp_path / 'llama', data_dir), str(tmp_path / 'imported')
+    common = [*TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}']
+    assert script_here('train.py', *common, f'--init_from=hf:{llama}', '--max_iters=1')[0] == 0
+    assert script_here('train.py', *common, '--init_from=resume', '--max_iters=2', '--tie_embeddings=False',
+                       '--norm_eps=1e-5')[0] == 0
+    with pytest.raises(UserError, match=r"the model differs \(rope_theta: 500000.0 in the checkpoint, 250000.0 now"):
+        script_here('train.py', *common, '--init_from=resume', '--max_iters=3', '--rope_theta=2.5e5')
