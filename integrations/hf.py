@@ -84,8 +84,11 @@ def from_llama(sd, cfg):
         return sd[key]
     out['transformer.wte.weight'] = get('model.embed_tokens.weight')
     out['transformer.ln_f.weight'] = get('model.norm.weight')
-    out['lm_head.weight'] = sd.get('lm_head.weight', out['transformer.wte.weight']) if not cfg['tie_embeddings'] \
-        else out['transformer.wte.weight']
+    # untied (tie_word_embeddings false, or absent: LlamaConfig's default): the head is a tensor of its own
+    if not cfg['tie_embeddings'] and 'lm_head.weight' not in sd:
+        raise UserError("the Llama weights have no lm_head.weight, which its untied head (tie_word_embeddings false "
+                        "or absent in config.json) needs; if its head is the embedding, set tie_word_embeddings: true")
+    out['lm_head.weight'] = sd['lm_head.weight'] if not cfg['tie_embeddings'] else out['transformer.wte.weight']
     for theirs, ours in _blocks(cfg):
         for a, b in (('self_attn.q_proj', 'attn.q_proj'), ('self_attn.o_proj', 'attn.o_proj'), ('mlp.gate_proj',
                      'mlp.gate_proj'), ('mlp.up_proj', 'mlp.up_proj'), ('mlp.down_proj', 'mlp.down_proj'),
@@ -110,11 +113,17 @@ def llama_model_args(path):
                         "--init_from=resume)")
     heads = c['num_attention_heads']
     head_dim = c.get('head_dim') or c['hidden_size'] // heads
-    rope = c.get('rope_parameters') or c.get('rope_scaling') or {}
+    # RoPE's settings: rope_parameters (transformers 5), or rope_scaling, whose kind is rope_type or, as written
+    # before rope_type existed, type (transformers honours both); any kind but the default is scaled RoPE
+    ropes = {key: c.get(key) or {} for key in ('rope_parameters', 'rope_scaling')}
+    scaled = [f"{key}={{{kind!r}: {rope[kind]!r}}}" for key, rope in ropes.items() if isinstance(rope, dict)
+              for kind in ('rope_type', 'type') if rope.get(kind) not in (None, 'default')]
+    scaled += [f"{key}={rope!r}" for key, rope in ropes.items() if not isinstance(rope, dict)]
+    rope = {**ropes['rope_scaling'], **ropes['rope_parameters']} if not scaled else {}
     unsupported = [name for name, bad in (
         ('attention_bias', c.get('attention_bias')), ('mlp_bias', c.get('mlp_bias')),
         (f"hidden_act={c.get('hidden_act')!r}", c.get('hidden_act', 'silu') != 'silu'),
-        (f"rope_type={rope.get('rope_type')!r}", rope.get('rope_type', 'default') != 'default'),
+        (f"scaled RoPE: {', '.join(scaled)}", scaled),
         (f"head_dim={head_dim} != hidden_size / num_attention_heads", head_dim * heads != c['hidden_size']))
         if bad]
     if unsupported:

@@ -388,3 +388,41 @@ def test_llama_settings_are_train_keys(tmp_path, data_dir):
                        '--norm_eps=1e-5')[0] == 0
     with pytest.raises(UserError, match=r"the model differs \(rope_theta: 500000.0 in the checkpoint, 250000.0 now"):
         script_here('train.py', *common, '--init_from=resume', '--max_iters=3', '--rope_theta=2.5e5')
+
+
+@pytest.mark.parametrize('rope', [
+    {'rope_scaling': {'type': 'linear', 'factor': 4.0}, 'rope_theta': 5e5},  # before rope_type: transformers honours it
+    {'rope_scaling': {'rope_type': 'yarn', 'factor': 4.0}, 'rope_theta': 5e5},
+    {'rope_parameters': {'rope_theta': 5e5, 'type': 'dynamic', 'factor': 2.0}},
+    {'rope_parameters': {'rope_theta': 5e5, 'rope_type': 'default'}, 'rope_scaling': {'type': 'linear', 'factor': 4}},
+])
+def test_scaled_rope_is_refused_in_every_form(rope, tmp_path, data_dir):
+    llama = make_llama(tmp_path / 'llama', data_dir)
+    config = json.load(open(f'{llama}/config.json'))
+    config.pop('rope_parameters')
+    json.dump({**config, **rope}, open(f'{llama}/config.json', 'w'))
+    with pytest.raises(UserError, match=r"unsupported Llama \(scaled RoPE: rope_(parameters|scaling)="):
+        hf.llama_model_args(llama)
+
+
+def test_plain_rope_in_every_form_is_accepted(tmp_path, data_dir):
+    llama = make_llama(tmp_path / 'llama', data_dir)
+    config = json.load(open(f'{llama}/config.json'))
+    config.pop('rope_parameters')
+    for rope in ({'rope_theta': 5e5}, {'rope_theta': 5e5, 'rope_scaling': None},
+                 {'rope_scaling': {'type': 'default', 'rope_theta': 5e5}},
+                 {'rope_parameters': {'rope_theta': 5e5, 'rope_type': 'default'}, 'rope_scaling': None}):
+        json.dump({**config, **rope}, open(f'{llama}/config.json', 'w'))
+        assert hf.llama_model_args(llama)['rope_theta'] == 5e5, rope
+
+
+def test_untied_llama_without_its_head_is_refused(tmp_path, data_dir):
+    """An untied config whose weights lack lm_head.weight: refused as any other missing tensor, not trained with the
+    embedding as its head."""
+    llama = make_llama(tmp_path / 'llama', data_dir)
+    sd = safetensors_torch.load_file(f'{llama}/model.safetensors')
+    del sd['lm_head.weight']
+    safetensors_torch.save_file(sd, f'{llama}/model.safetensors', metadata={'format': 'pt'})
+    with pytest.raises(UserError, match=r"the Llama weights have no lm_head.weight, which its untied head \(tie_word_embeddings"):
+        script_here('train.py', *TINY, '--lime=False', f'--init_from=hf:{llama}', f'--data_dir={data_dir}',
+                    f'--out_dir={tmp_path}/out')
