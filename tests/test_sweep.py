@@ -391,9 +391,11 @@ def test_variant_names(sweep_fns):
     assert options('lime:last-2@identity') == {**plain, 'lime': True, 'router': 'last-2', 'router_init': 'identity'}
     assert options('lime~router_lr=0.002') == {**plain, 'lime': True, 'router_lr': '0.002'}  # as on train.py's line
     assert options('mhc:static+lime') == {**plain, 'hc': 4, 'mhc': 'static', 'lime': True}
-    for bad in ('lime~n_layer=8', 'baseline~out_dir=x', 'lime~hc=2', 'lime~seed=3'):
+    for bad in ('lime~n_layer=8', 'baseline~out_dir=x', 'lime~seed=3'):
         with pytest.raises(common.UserError, match="expected '~key=value' with a train.py option other than"):
             options(bad)
+    with pytest.raises(common.UserError, match="'~hc=2' sets hc, which the name sets"):
+        options('lime~hc=2')  # a model option of the name's (nanolime/variants.py)
     for key in ('max_iters', 'lr_decay_iters', 'warmup_iters', 'decay_lr'):
         with pytest.raises(common.UserError, match=r"the schedule \(max_iters, lr_decay_iters, warmup_iters, "
                                                    r"decay_lr\) is the sweep's"):
