@@ -124,7 +124,21 @@ if optimizer == 'muon' and not hasattr(torch.optim, 'Muon'):
                     f"{torch.__version__}): upgrade torch, or use optimizer='adamw'")
 if wandb_log and importlib.util.find_spec('wandb') is None:
     raise UserError("wandb_log=True but wandb is not installed: pip install wandb (or --wandb_log=False)")
-world_size = int(os.environ.get('WORLD_SIZE', 1))
+# DDP and the world size from the same variables: torchrun sets all three; a shell may have exported one of them
+DDP_ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')
+given = [k for k in DDP_ENV if os.environ.get(k, '') != '']
+if given and len(given) < len(DDP_ENV):
+    missing = [k for k in DDP_ENV if k not in given]
+    raise UserError(f"the DDP environment is half set: {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                    f"missing ({', '.join(f'{k}={os.environ[k]}' for k in given)} {'is' if len(given) == 1 else 'are'} "
+                    f"set); start DDP with torchrun (it sets {', '.join(DDP_ENV)}), or unset {' and '.join(given)} "
+                    "for one process")
+if given and not all(os.environ[k].isdigit() for k in DDP_ENV) or given and \
+        not int(os.environ['RANK']) < int(os.environ['WORLD_SIZE']):
+    raise UserError(f"the DDP environment is not torchrun's: {', '.join(f'{k}={os.environ[k]}' for k in DDP_ENV)} "
+                    "(expected integers, RANK < WORLD_SIZE); start DDP with torchrun")
+ddp = bool(given)
+world_size = int(os.environ['WORLD_SIZE']) if ddp else 1
 tokens_per_micro_step = batch_size * block_size * world_size
 if total_batch_size % tokens_per_micro_step:
     raise UserError(f"total_batch_size={total_batch_size} is not a multiple of batch_size * block_size * world_size "
@@ -162,8 +176,7 @@ if ckpt is not None:
     check_resume(ckpt, ckpt_path, dataclasses.asdict(gptconf), config, meta, ddir)
 
 # devices and DDP (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE)
-ddp = int(os.environ.get('RANK', -1)) != -1
-rank = int(os.environ.get('RANK', 0))
+rank = int(os.environ['RANK']) if ddp else 0
 master = rank == 0
 device = resolve_device(device)  # an indexed 'cuda:N' on CUDA: cuda:LOCAL_RANK under torchrun
 device_type = device.split(':')[0]
