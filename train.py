@@ -25,7 +25,7 @@ from nanolime.common import UserError, configure, check_ranges, resolve_device, 
     catch_stop_signals, peak_flops as peak_flops_of
 from nanolime.checkpoint import atomic_save, atomic_write, load_checkpoint, claim_out_dir, check_resume, on_rank_0, \
     check_same_weights, git_commit, CKPT_NAME, CKPT_MARKER
-from nanolime.data import data_info, get_batch
+from nanolime.data import data_id, data_info, get_batch
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -146,6 +146,7 @@ if total_batch_size % tokens_per_micro_step:
                     f"of {tokens_per_micro_step} (it is the global batch in tokens), or change batch_size")
 grad_accum = total_batch_size // tokens_per_micro_step
 ddir, meta, sizes = data_info(dataset, data_dir, block_size)
+data_identity = data_id(ddir)  # every checkpoint records it: sweep.py tells results on other data apart
 if hf_dir is not None:  # the model's shape is the Llama's (LIMe's routers, if any, are added to it)
     from integrations.hf import llama_model_args
     llama = llama_model_args(hf_dir)
@@ -314,7 +315,7 @@ def save_checkpoint(rng_states):
                  'scaler': scaler.state_dict() if scaler.is_enabled() else None, 'config': config, 'meta': meta,
                  'model_args': dataclasses.asdict(gptconf), 'iter_num': iter_num, 'best_val_loss': best_val_loss,
                  'rng': rng_states, 'tokens': tokens_seen, 'flops': flops_seen, 'world_size': world_size,
-                 'log': log_lines, 'imported_from': imported_from, 'git_commit': commit, 'torch_version': str(torch.__version__)},
+                 'log': log_lines, 'imported_from': imported_from, 'data_id': data_identity, 'git_commit': commit, 'torch_version': str(torch.__version__)},
                 ckpt_path, resume_hint())
     write_log(resume_hint())
     print(f"saved checkpoint to {ckpt_path} (iter {iter_num})")

@@ -31,7 +31,7 @@ from nanolime import variants
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
         '--eval_iters=2', '--warmup_iters=1', '--log_interval=1', '--compile=False', '--dtype=float32']
 COLUMNS = ['depth', 'variant', 'seed', 'budget', 'status', 'iters', 'max_iters', 'lr_decay_iters', 'warmup_iters',
-           'tokens', 'train_flops', 'val_loss', 'compute_multiplier', 'multiplier_note', 'time_multiplier', 'wall_time_s',
+           'data', 'tokens', 'train_flops', 'val_loss', 'compute_multiplier', 'multiplier_note', 'time_multiplier', 'wall_time_s',
            'out_dir']
 
 
@@ -671,3 +671,28 @@ def test_a_run_directory_deleted_while_the_sweep_runs_is_said_so(data_dir, tmp_p
                                  env={'PYTHONPATH': f"{tmp_path / 'patch'}{os.pathsep}{REPO}"})
     assert code == 1 and f"{root}/baseline-L1-s0 was deleted while the sweep ran; rerun the sweep to train it " \
                           "again" in err, err
+
+
+def test_a_rerun_on_other_data_is_refused_and_rows_carry_the_data(swept, run_here, capsys, tmp_path):
+    """The runs' results are those of the data they trained on: a rerun pointed at another dataset does not report
+    them as done (nor resume them on it); the same data in another place is the same data. sweep.csv names it."""
+    import prepare
+    from nanolime import data
+    root, args, _, _ = swept
+    data_dir = next(a for a in args if a.startswith('--data_dir='))[len('--data_dir='):]
+    rows = read_csv(os.path.join(root, 'sweep.csv'))
+    ident = data.data_id(os.path.join(data_dir, 'shakespeare_char'))
+    assert ident and {r['data'] for r in rows} == {ident}
+    moved = str(tmp_path / 'moved')
+    shutil.copytree(data_dir, moved)
+    same = copy_of(root, tmp_path, 'same')
+    assert run_here('sweep.py', *args, f'--out_dir={same}', f'--data_dir={moved}') == 0
+    assert '4 already done' in capsys.readouterr().out
+    other = str(tmp_path / 'other-data')
+    prepare.prepare_char(prepare.read_shakespeare()[:100_000], os.path.join(other, 'shakespeare_char'))
+    rerun = copy_of(root, tmp_path, 'rerun')
+    assert run_here('sweep.py', *args, f'--out_dir={rerun}', f'--data_dir={other}') == 1
+    out, err = capsys.readouterr()
+    assert '0 already done, 0 to evaluate, 0 to resume, 0 to start, 4 refused' in out
+    assert f"{rerun}/lime-L2-s1 was trained on other data (data {ident}; {other}/shakespeare_char is data " in err
+    assert [r['status'] for r in read_csv(os.path.join(rerun, 'sweep.csv'))] == ['refused'] * 4
