@@ -83,6 +83,13 @@ def check_resume(ckpt, path, model_args, config, meta, ddir):
         what = ', '.join(f"{k}: {theirs.get(k)!r} in the checkpoint, {model_args.get(k)!r} now" for k in diff)
         raise UserError(f"cannot resume from {path}: the model differs ({what}); "
                         "use the checkpoint's settings or another out_dir")
+    states = ckpt.get('optimizer')
+    for number, state in enumerate(states if isinstance(states, list) else [states] if states else [], 1):
+        bad = sorted({name for per_param in (state.get('state') or {}).values() for name, v in per_param.items()
+                      if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()})
+        if bad:  # its first step would make the weights NaN, and the run stop at a NaN loss that says otherwise
+            raise UserError(f"{path} holds non-finite optimizer state (NaN or inf) in {', '.join(bad)} of optimizer "
+                            f"{number}; restore it from a copy, or train again (train.py --overwrite replaces it)")
     if ckpt['config'].get('optimizer', 'adamw') != config['optimizer']:
         raise UserError(f"cannot resume from {path}: it was trained with optimizer="
                         f"{ckpt['config'].get('optimizer', 'adamw')!r}, this run asks for {config['optimizer']!r}; "
