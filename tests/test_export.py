@@ -303,12 +303,30 @@ def test_refusal_is_one_line_in_a_process(runs, tmp_path):
 
 
 def test_no_partial_folder_when_the_export_fails(runs, tmp_path, monkeypatch):
+    """A full disk (or a read-only one) is one line that says what to do; neither the folder nor its temp copy stays."""
     def fail(*args):
         raise OSError(28, 'No space left on device')
     monkeypatch.setattr(hf, 'char_tokenizer', fail)
-    with pytest.raises(OSError):
+    with pytest.raises(UserError, match=rf"^cannot write the export to --to={tmp_path}/x: no space left on device; "
+                                        "nothing was left there: free some space \(or fix the permissions\), then "
+                                        "run again$"):
         script_here('integrations/export.py', f'--out_dir={runs("lime-gqa")}', f'--to={tmp_path}/x')
     assert os.listdir(tmp_path) == []  # neither the folder nor its temp copy
+
+
+def test_export_to_a_link_is_refused_and_a_killed_export_s_temp_folder_is_removed(runs, tmp_path):
+    (tmp_path / 'target').mkdir()
+    os.symlink(tmp_path / 'target', tmp_path / 'link')
+    os.symlink(tmp_path / 'nowhere', tmp_path / 'dangling')
+    for link in ('link', 'dangling'):
+        with pytest.raises(UserError, match=rf"--to={tmp_path}/{link} is a link; name the folder itself"):
+            script_here('integrations/export.py', f'--out_dir={runs("baseline-mha")}', f'--to={tmp_path}/{link}')
+    # a temp folder of an export killed half-way (its process gone): the next export into that place removes it
+    stale = tmp_path / '.x.export-999999999-abcd'
+    stale.mkdir()
+    (stale / 'model.safetensors').write_bytes(b'half')
+    export(runs('baseline-mha'), str(tmp_path / 'x'))
+    assert sorted(os.listdir(tmp_path)) == ['dangling', 'link', 'target', 'x']
 
 
 def test_export_without_transformers_is_one_line(runs, tmp_path, monkeypatch):
