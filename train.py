@@ -148,8 +148,9 @@ grad_accum = total_batch_size // tokens_per_micro_step
 ddir, meta, sizes = data_info(dataset, data_dir, block_size)
 data_identity = data_id(ddir)  # every checkpoint records it: sweep.py tells results on other data apart
 if hf_dir is not None:  # the model's shape is the Llama's (LIMe's routers, if any, are added to it)
-    from integrations.hf import llama_model_args
+    from integrations.hf import llama_model_args, llama_weight_files
     llama = llama_model_args(hf_dir)
+    llama_weight_files(hf_dir)  # readable, before out_dir is claimed
     vocab = llama.pop('vocab_size')
     if vocab != int(meta['vocab_size']):
         raise UserError(f"init_from={init_from}: its vocabulary has {vocab} tokens, "

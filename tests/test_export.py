@@ -7,6 +7,7 @@ same logits (1e-5) and the same greedy tokens as ours. Skipped, with the reason,
 import json
 import math
 import os
+import re
 import shutil
 import sys
 
@@ -444,3 +445,26 @@ def test_untied_llama_without_its_head_is_refused(tmp_path, data_dir):
     with pytest.raises(UserError, match=r"the Llama weights have no lm_head.weight, which its untied head \(tie_word_embeddings"):
         script_here('train.py', *TINY, '--lime=False', f'--init_from=hf:{llama}', f'--data_dir={data_dir}',
                     f'--out_dir={tmp_path}/out')
+
+
+def test_a_damaged_llama_folder_is_one_line_before_out_dir_is_claimed(tmp_path, data_dir):
+    """config.json that is no JSON or lacks a size, model.safetensors that is not safetensors: one line each, before
+    any work (out_dir is not created)."""
+    from conftest import TINY_RUN
+    good = make_llama(tmp_path / 'good', data_dir)
+    cases = {'json': ('config.json', b'{"model_type": "llama",', "config.json is not valid JSON"),
+             'key': ('config.json', None, "config.json lacks num_attention_heads"),
+             'weights': ('model.safetensors', b'\x00garbage' * 10, "model.safetensors is damaged or not safetensors")}
+    for name, (file, content, message) in cases.items():
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        if content is None:
+            config = json.load(open(folder / file))
+            del config['num_attention_heads']
+            json.dump(config, open(folder / file, 'w'))
+        else:
+            (folder / file).write_bytes(content)
+        with pytest.raises(UserError, match=re.escape(f"init_from=hf:{folder}: {message}")):
+            script_here('train.py', *TINY_RUN, f'--init_from=hf:{folder}', f'--data_dir={data_dir}',
+                        f'--out_dir={tmp_path}/out-{name}')
+        assert not os.path.exists(f'{tmp_path}/out-{name}'), name
