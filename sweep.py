@@ -414,7 +414,13 @@ for run in runs:
 fits = {d: fit_power_law(reference_ends(rows, reference, d)) for d in depth_list} if budget_list else {}
 add_compute_multipliers(rows, curves, fits, reference)
 tier_list = add_tier_columns(rows)  # arithmetic: a test accuracy per number of operators
-atomic_write(csv_path, lambda f: f.write(csv_text(rows + earlier_rows(csv_path, rows)).encode()))
+# sweep.csv: this command's rows, then an earlier command's of the other runs; a run refused now keeps its earlier
+# row (what it trained is still there: a refusal loses nothing), and is listed at the end
+checked = [r for r in rows if r['status'] != 'refused']
+earlier = earlier_rows(csv_path, checked)
+had = {os.path.basename(r['out_dir']) for r in earlier}
+refused_new = [r for r in rows if r['status'] == 'refused' and os.path.basename(r['out_dir']) not in had]
+atomic_write(csv_path, lambda f: f.write(csv_text(checked + refused_new + earlier).encode()))
 print_report(rows, depth_list, variant_list, fits, len(budget_list), tier_list)
 print(f"CSV: {csv_path}")
 

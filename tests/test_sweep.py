@@ -187,7 +187,12 @@ def test_rerun_trains_nothing_and_changed_options_are_refused(swept, run_here, c
     out, err = capsys.readouterr()
     assert "0 already done, 0 to evaluate, 0 to resume, 0 to start, 4 refused" in out
     assert re.search(r"lime-L2-s1 was trained with other options \(learning_rate=0.002 there, 0.01 now\)", err)
-    assert [r['status'] for r in read_csv(os.path.join(other, 'sweep.csv'))] == ['refused'] * 4
+    # the finished runs' rows stay in sweep.csv as they were (only out_dir follows the copy): a refusal loses nothing
+    was = {r['variant'] + r['seed']: {**r, 'out_dir': os.path.basename(r['out_dir'])}
+           for r in read_csv(os.path.join(root, 'sweep.csv'))}
+    now = {r['variant'] + r['seed']: {**r, 'out_dir': os.path.basename(r['out_dir'])}
+           for r in read_csv(os.path.join(other, 'sweep.csv'))}
+    assert now == was and {r['status'] for r in now.values()} == {'done'}
 
 
 def test_a_second_command_keeps_the_first_ones_rows(swept, run_here, capsys, tmp_path):
@@ -226,7 +231,7 @@ def test_a_lower_max_iters_over_longer_runs_is_refused(swept, run_here, capsys, 
     assert "0 already done, 0 to evaluate, 0 to resume, 0 to start, 4 refused" in out
     assert f"{lower}/lime-L2-s1 was trained to iter 3, past max_iters=2: its evaluation at 2 is not that of a " \
            "2-iteration run; rerun with --max_iters=3 or more, or use another out_dir" in err
-    assert [r['status'] for r in read_csv(os.path.join(lower, 'sweep.csv'))] == ['refused'] * 4
+    assert [r['status'] for r in read_csv(os.path.join(lower, 'sweep.csv'))] == ['done'] * 4  # kept, not replaced
 
 
 def test_a_run_killed_between_its_checkpoint_and_its_log_is_finished_by_a_rerun(swept, run_here, capsys, tmp_path):
@@ -695,4 +700,4 @@ def test_a_rerun_on_other_data_is_refused_and_rows_carry_the_data(swept, run_her
     out, err = capsys.readouterr()
     assert '0 already done, 0 to evaluate, 0 to resume, 0 to start, 4 refused' in out
     assert f"{rerun}/lime-L2-s1 was trained on other data (data {ident}; {other}/shakespeare_char is data " in err
-    assert [r['status'] for r in read_csv(os.path.join(rerun, 'sweep.csv'))] == ['refused'] * 4
+    assert [r['status'] for r in read_csv(os.path.join(rerun, 'sweep.csv'))] == ['done'] * 4  # kept, not replaced
