@@ -24,7 +24,7 @@ import dataclasses
 from nanolime.common import UserError, configure, check_ranges, resolve_device, resolve_dtype, autocast, excepthook, \
     catch_stop_signals, peak_flops as peak_flops_of
 from nanolime.checkpoint import atomic_save, atomic_write, load_checkpoint, claim_out_dir, check_resume, on_rank_0, \
-    check_same_weights, git_commit, CKPT_NAME, CKPT_MARKER
+    check_same_weights, git_commit, load_weights, CKPT_NAME, CKPT_MARKER
 from nanolime.data import data_id, data_info, get_batch
 import numpy as np
 import torch
@@ -216,7 +216,7 @@ iter_num, best_val_loss, tokens_seen, flops_seen = 0, float('inf'), 0, 0
 data_rng = np.random.default_rng([seed, rank])  # each rank draws its own batches
 torch.manual_seed(seed + 1 + rank)  # dropout
 if ckpt is not None:
-    model.load_state_dict(ckpt['model'])
+    load_weights(model, ckpt, ckpt_path)
     if 'optimizer' in ckpt:  # one state dict per optimizer (a single one in older checkpoints)
         states = ckpt['optimizer'] if isinstance(ckpt['optimizer'], list) else [ckpt['optimizer']]
         for opt, state in zip(optimizers, states):

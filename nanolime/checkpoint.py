@@ -255,6 +255,25 @@ def _strip_prefixes(key):
     return key
 
 
+def load_weights(model, ckpt, path):
+    """model.load_state_dict(ckpt['model']); UserError naming a tensor the checkpoint lacks (damaged, or of another
+    version of model.py) or one it has that the model does not (another version), with the commit that wrote it."""
+    ours, theirs = model.state_dict(), ckpt['model']
+    missing, unexpected = [k for k in ours if k not in theirs], [k for k in theirs if k not in ours]
+    who = f"use the version of model.py it was trained with ({trained_with(ckpt)})"
+    if missing:
+        raise UserError(f"{path} lacks the tensor {missing[0]}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
+                        f" of its model: it is damaged, or was written by a version of model.py without it; restore it "
+                        f"from a copy, or {who}")
+    if unexpected:
+        raise UserError(f"{path} has a tensor this model.py does not ({unexpected[0]}): {who}")
+    try:
+        model.load_state_dict(theirs)
+    except RuntimeError as e:  # a shape that differs
+        first = (str(e).strip().splitlines() or [''])[-1].strip()[:300]
+        raise UserError(f"{path} does not fit this version of model.py ({first}); {who}") from None
+
+
 def load_model(path, device='cpu'):
     """(model in eval mode on `device`, checkpoint) from an out_dir or a checkpoint file."""
     from relatives import RelativesConfig, build_model
@@ -269,9 +288,9 @@ def load_model(path, device='cpu'):
     ckpt = load_checkpoint(path)
     try:
         model = build_model(RelativesConfig(**ckpt['model_args']))
-        model.load_state_dict(ckpt['model'])
     except (TypeError, ValueError, RuntimeError) as e:
         first = (str(e).strip().splitlines() or [''])[0][:300]
         raise UserError(f"{path} does not fit this version of model.py ({first}); use the version of model.py "
                         "it was trained with") from None
+    load_weights(model, ckpt, path)
     return model.eval().to(device), ckpt
