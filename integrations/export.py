@@ -59,7 +59,10 @@ if format == 'lime-authors':
         what = f"{others[0]}={cfg[others[0]]!r}" if others else f"router={cfg['router']!r}"
         raise UserError(f"format='lime-authors' cannot hold this model ({what}): the authors' code has LIMe's static "
                         "full router only; export it with --format=hf (remote code)")
-    config, weights = {**hf.llama_config(cfg), 'architectures': ['LIMeForCausalLM']}, hf.to_llama(sd, cfg, True)
+    # a LlamaConfig, as their code reads it, but not model_type 'llama': transformers' Auto classes would load it as a
+    # LlamaForCausalLM with random k and v projections (their kv_proj_weight has no place there), warning only
+    config = {**hf.llama_config(cfg), 'architectures': ['LIMeForCausalLM'], 'model_type': 'lime'}
+    weights = hf.to_llama(sd, cfg, True)
 elif hf.is_llama(cfg):
     config, weights = hf.llama_config(cfg), hf.to_llama(sd, cfg)
 else:  # remote code: our state dict as it is, under the wrapper's 'model.'; a tied head stored once

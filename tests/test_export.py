@@ -219,7 +219,13 @@ def test_lime_authors_layout_computes_our_function(name, runs, tmp_path):
         keys = set(f.keys())
     assert not any(k.endswith(('.k_proj.weight', '.v_proj.weight')) for k in keys)
     assert 'model.layers.0.self_attn.lime_router.static_weights' not in keys  # their layer 0 has no router weights
-    assert json.load(open(os.path.join(to, 'config.json')))['model_type'] == 'llama'
+    # not a Llama to transformers' Auto classes (which would load it with random k and v, warning only); a
+    # LlamaConfig to the authors' code, which reads it with LlamaConfig
+    assert json.load(open(os.path.join(to, 'config.json')))['model_type'] == 'lime'
+    with pytest.raises((ValueError, KeyError)):
+        transformers.AutoModelForCausalLM.from_pretrained(to)
+    llama = transformers.LlamaConfig.from_pretrained(to)
+    assert (llama.num_hidden_layers, llama.architectures) == (ours.config.n_layer, ['LIMeForCausalLM'])
 
 
 # ----------------------------------------------------------------------------- import: --init_from=hf:DIR
