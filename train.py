@@ -113,7 +113,8 @@ check_ranges({**config, 'init_from': 'hf:DIR' if hf_dir else init_from},
              choices={'optimizer': ('adamw', 'muon'), 'init_from': ('scratch', 'resume', 'hf:DIR'),
                       'compile': ('auto', True, False)},
              finite=('router_lr', 'attnres_query_lr', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'),
-             positive=('learning_rate', 'muon_lr', 'rope_theta', 'norm_eps'), fraction=('dropout', 'beta1', 'beta2', 'muon_momentum'))
+             positive=('learning_rate', 'muon_lr', 'rope_theta', 'norm_eps'),
+             fraction=('dropout', 'beta1', 'beta2', 'muon_momentum'))
 if decay_lr and lr_decay_iters <= warmup_iters:
     raise UserError(f"lr_decay_iters={lr_decay_iters} must be > warmup_iters={warmup_iters} (or set decay_lr=False)")
 if lime and router == 'average' and router_init == 'identity':
@@ -316,7 +317,8 @@ def save_checkpoint(rng_states):
                  'scaler': scaler.state_dict() if scaler.is_enabled() else None, 'config': config, 'meta': meta,
                  'model_args': dataclasses.asdict(gptconf), 'iter_num': iter_num, 'best_val_loss': best_val_loss,
                  'rng': rng_states, 'tokens': tokens_seen, 'flops': flops_seen, 'world_size': world_size,
-                 'log': log_lines, 'imported_from': imported_from, 'data_id': data_identity, 'git_commit': commit, 'torch_version': str(torch.__version__)},
+                 'log': log_lines, 'imported_from': imported_from, 'data_id': data_identity, 'git_commit': commit,
+                 'torch_version': str(torch.__version__)},
                 ckpt_path, resume_hint())
     write_log(resume_hint())
     print(f"saved checkpoint to {ckpt_path} (iter {iter_num})")

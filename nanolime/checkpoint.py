@@ -262,8 +262,8 @@ def load_weights(model, ckpt, path):
     missing, unexpected = [k for k in ours if k not in theirs], [k for k in theirs if k not in ours]
     who = f"use the version of model.py it was trained with ({trained_with(ckpt)})"
     if missing:
-        raise UserError(f"{path} lacks the tensor {missing[0]}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
-                        f" of its model: it is damaged, or was written by a version of model.py without it; restore it "
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ''
+        raise UserError(f"{path} lacks the tensor {missing[0]}{more} of its model: it is damaged, or was written by a version of model.py without it; restore it "
                         f"from a copy, or {who}")
     if unexpected:
         raise UserError(f"{path} has a tensor this model.py does not ({unexpected[0]}): {who}")
