@@ -13,6 +13,7 @@ Profiles, decode speed and memory over depth: dev/bench_detail.py.
 """
 import contextlib
 import dataclasses
+import difflib
 import gc
 import json as jsonlib
 import math
@@ -21,10 +22,10 @@ import statistics
 import time
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
-from nanolime.common import (UserError, _literal, autocast, configure, peak_flops as device_peak_flops,
-                             resolve_device, resolve_dtype)
+from nanolime.common import (UserError, autocast, configure, peak_flops as device_peak_flops, read_value,
+                             resolve_device, resolve_dtype, script_options)
 from nanolime.checkpoint import atomic_write, writable_dir
-from nanolime.variants import parse_variant
+from nanolime.variants import VARIANT_PLAIN, parse_variant
 import torch
 import relatives
 
@@ -58,12 +59,34 @@ json = ''                 # also write every record to this file
 MODES = {'eager': None, 'compiled': 'default', 'ro': 'reduce-overhead'}
 
 
+OWN = {'n_kv_head': '--settings=kv<N>-eager', 'n_layer': '--n_layer (or --depths)'}  # where bench.py sets a shape
+
+
 def variant_config(name, shape):
     """GPTConfig of a variant name (nanolime/variants.py's grammar: lime, lime:dynamic, lime+hc, attnres:block, ...) at
-    the given shape; options after '~' must be the model's (GPTConfig), e.g. lime~router_init=identity."""
+    the given shape; options after '~' must be the model's (GPTConfig) other than the shape, e.g.
+    lime~tie_embeddings=False, each read as train.py reads its --key=value (so as sweep.py's runs read it)."""
     overrides, extra = parse_variant(name)
-    defaults = {f.name: f.default for f in dataclasses.fields(relatives.RelativesConfig)}
-    extra = {k: _literal(v, defaults.get(k)) for k, v in extra.items()}  # as train.py reads them: ~depth_base=2 an int
+    fields = {f.name: f.default for f in dataclasses.fields(relatives.RelativesConfig)}
+    own = {*shape, *OWN, 'block_size', 'vocab_size', 'n_head', 'n_embd', 'mlp_hidden'}
+    model_keys = ', '.join(k for k in fields if k not in own and k not in VARIANT_PLAIN)
+    for key, raw in extra.items():
+        if key in own:
+            raise UserError(f"variant '{name}': {key} is bench.py's own option, the same for every variant: "
+                            f"{OWN.get(key, f'--{key}')}")
+        if key not in fields:
+            train_keys = script_options(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py'))
+            if key in train_keys:
+                raise UserError(f"variant '{name}': {key} is a training option; bench.py measures the model: give it "
+                                f"model options (GPTConfig's) after '~': {model_keys}")
+            close = difflib.get_close_matches(key, model_keys.split(', '), n=1)
+            raise UserError(f"variant '{name}': unknown option '{key}'"
+                            f"{f'; did you mean {close[0]!r}?' if close else ''} (model options after '~': "
+                            f"{model_keys})")
+        try:
+            extra[key] = read_value(key, raw, fields[key])
+        except UserError as e:
+            raise UserError(f"variant '{name}': {e}") from None
     try:
         return relatives.RelativesConfig(**shape, **overrides, **extra)
     except TypeError as e:  # a field this model.py does not have

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from nanolime.common import UserError, configure
 from nanolime import checkpoint
 from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, read_log, writable_dir
-from nanolime.data import arithmetic_tiers
+from nanolime.data import arithmetic_tiers, data_id, dataset_dir
 from nanolime.sweep_report import (MULTIPLIERS, add_compute_multipliers, add_tier_columns, csv_text, earlier_rows,
                                    fit_power_law, plot_sweep, print_report, reference_ends)
 from nanolime.variants import VARIANT_PLAIN, parse_variant
@@ -203,6 +203,12 @@ def run_config(run):
         config.update(max_iters=run['budget'], lr_decay_iters=budget_decay(run['budget']))
     return config
 
+def data_of(run):
+    """(the dataset directory a run trains on, its identity: data.data_id, the same wherever the data is copied)."""
+    config = run_config(run)
+    ddir = dataset_dir(config['dataset'], config['data_dir'])
+    return ddir, data_id(ddir)
+
 def budget_decay(budget):
     """lr_decay_iters of a run of `budget` iterations: the reference schedule's, scaled to the budget."""
     return max(1, round(configs[reference]['lr_decay_iters'] * budget / max_iters))
@@ -226,6 +232,11 @@ def run_status(run):
         raise UserError(f"{run['dir']} was trained to iter {ckpt['iter_num']}, past max_iters={iters}: its "
                         f"evaluation at {iters} is not that of a {iters}-iteration run; rerun with "
                         f"--max_iters={ckpt['iter_num']} or more, or use another out_dir")
+    ddir, ident = data_of(run)
+    if ckpt.get('data_id') and ident and ckpt['data_id'] != ident:  # its results are another dataset's
+        raise UserError(f"{run['dir']} was trained on other data (data {ckpt['data_id']}; {ddir} is data {ident}): "
+                        "its results are not this data's; point --data_dir at the data it was trained on, or use "
+                        "another out_dir for this data")
     there, now = ckpt['config'], run_config(run)
     diff = [k for k in now if k not in MAY_CHANGE and k in there and there[k] != now[k]]
     what = ', '.join(f"{k}={there[k]!r} there, {now[k]!r} now" for k in diff[:3])
@@ -294,7 +305,8 @@ def train(run):
                 code, run['error'] = 1, f"exited normally but logged no val loss at iter {iters_of(run)}"
             config = run_config(run)
             state = {'status': {0: 'done', 130: 'interrupted'}.get(code, 'failed'), 'wall_time_s': wall + time() - t0,
-                     **{k: config[k] for k in ('max_iters', 'lr_decay_iters', 'warmup_iters')}}
+                     **{k: config[k] for k in ('max_iters', 'lr_decay_iters', 'warmup_iters')},
+                     'data': data_of(run)[1]}
             atomic_write(state_path, lambda f: f.write(json.dumps(state).encode()))
         if code == 0 and arithmetic:
             code = child(run, 'study.arithmetic', [f"--out_dir={run['dir']}"], 'a')
@@ -389,6 +401,7 @@ for run in runs:
     rows.append({'depth': run['depth'], 'variant': run['variant'], 'seed': run['seed'], 'budget': run.get('budget'),
                  'status': status, 'iters': log[-1]['iter'] if log else None,
                  **{k: state.get(k) for k in ('max_iters', 'lr_decay_iters', 'warmup_iters')},  # the schedule it ran
+                 'data': state.get('data'),  # the identity of the data it trained on (data.data_id)
                  'tokens': final and final['tokens'], 'train_flops': final and final['flops'],
                  'val_loss': final and final['val_loss'], **dict.fromkeys(MULTIPLIERS),  # add_compute_multipliers's
                  'wall_time_s': round(state['wall_time_s'], 1) if 'wall_time_s' in state else None,
@@ -401,7 +414,13 @@ for run in runs:
 fits = {d: fit_power_law(reference_ends(rows, reference, d)) for d in depth_list} if budget_list else {}
 add_compute_multipliers(rows, curves, fits, reference)
 tier_list = add_tier_columns(rows)  # arithmetic: a test accuracy per number of operators
-atomic_write(csv_path, lambda f: f.write(csv_text(rows + earlier_rows(csv_path, rows)).encode()))
+# sweep.csv: this command's rows, then an earlier command's of the other runs; a run refused now keeps its earlier
+# row (what it trained is still there: a refusal loses nothing), and is listed at the end
+checked = [r for r in rows if r['status'] != 'refused']
+earlier = earlier_rows(csv_path, checked)
+had = {os.path.basename(r['out_dir']) for r in earlier}
+refused_new = [r for r in rows if r['status'] == 'refused' and os.path.basename(r['out_dir']) not in had]
+atomic_write(csv_path, lambda f: f.write(csv_text(checked + refused_new + earlier).encode()))
 print_report(rows, depth_list, variant_list, fits, len(budget_list), tier_list)
 print(f"CSV: {csv_path}")
 

@@ -24,8 +24,8 @@ import dataclasses
 from nanolime.common import UserError, configure, check_ranges, resolve_device, resolve_dtype, autocast, excepthook, \
     catch_stop_signals, peak_flops as peak_flops_of
 from nanolime.checkpoint import atomic_save, atomic_write, load_checkpoint, claim_out_dir, check_resume, on_rank_0, \
-    check_same_weights, git_commit, CKPT_NAME, CKPT_MARKER
-from nanolime.data import data_info, get_batch
+    check_same_weights, git_commit, load_weights, CKPT_NAME, CKPT_MARKER
+from nanolime.data import data_id, data_info, get_batch
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -62,6 +62,9 @@ n_kv_head = None           # None: n_head (MHA); fewer heads: GQA
 n_embd = 128
 mlp_hidden = None          # None: the Llama rule (8/3 * n_embd, rounded up to 64)
 dropout = 0.0
+tie_embeddings = True      # the output head is the token embedding (False: a head of its own, as most Llamas)
+rope_theta = 10000.0       # RoPE's base
+norm_eps = 1e-6            # RMSNorm's eps
 lime = True                # the paper's method; False: the Llama baseline
 router = 'full'            # full, average, dynamic, last-<j>, first-<j>
 router_init = 'paper'      # 'paper' (the authors' init) or 'identity' (LIMe starts as the baseline function)
@@ -102,6 +105,10 @@ compile = 'auto'           # 'auto' (on CUDA only), True or False
 seed = 1337
 peak_flops = 0.0           # per-device peak FLOP/s for MFU; 0.0: from the GPU's name (nanolime/common.py), none on CPU
 # -----------------------------------------------------------------------------
+# the model options an import (init_from='hf:DIR') takes from the Llama; resuming such a run takes them from the
+# checkpoint, except those given a value other than the default here
+IMPORTED = ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'norm_eps', 'rope_theta', 'tie_embeddings')
+IMPORTED_DEFAULTS = {k: globals()[k] for k in IMPORTED}
 config = configure(globals())
 hf_dir = init_from[len('hf:'):] if init_from.startswith('hf:') else None  # a Llama's folder to start from
 
@@ -112,7 +119,8 @@ check_ranges({**config, 'init_from': 'hf:DIR' if hf_dir else init_from},
              choices={'optimizer': ('adamw', 'muon'), 'init_from': ('scratch', 'resume', 'hf:DIR'),
                       'compile': ('auto', True, False), 'depth_scaling': DEPTH_SCALINGS},
              finite=('router_lr', 'attnres_query_lr', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'),
-             positive=('learning_rate', 'muon_lr'), fraction=('dropout', 'beta1', 'beta2', 'muon_momentum'))
+             positive=('learning_rate', 'muon_lr', 'rope_theta', 'norm_eps'),
+             fraction=('dropout', 'beta1', 'beta2', 'muon_momentum'))
 if decay_lr and lr_decay_iters <= warmup_iters:
     raise UserError(f"lr_decay_iters={lr_decay_iters} must be > warmup_iters={warmup_iters} (or set decay_lr=False)")
 if lime and router == 'average' and router_init == 'identity':
@@ -126,7 +134,21 @@ if depth_scaling != 'standard' and optimizer != 'adamw':
                     f"optimizer={optimizer!r}: use optimizer='adamw' (or depth_scaling='standard')")
 if wandb_log and importlib.util.find_spec('wandb') is None:
     raise UserError("wandb_log=True but wandb is not installed: pip install wandb (or --wandb_log=False)")
-world_size = int(os.environ.get('WORLD_SIZE', 1))
+# DDP and the world size from the same variables: torchrun sets all three; a shell may have exported one of them
+DDP_ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')
+given = [k for k in DDP_ENV if os.environ.get(k, '') != '']
+if given and len(given) < len(DDP_ENV):
+    missing = [k for k in DDP_ENV if k not in given]
+    raise UserError(f"the DDP environment is half set: {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                    f"missing ({', '.join(f'{k}={os.environ[k]}' for k in given)} {'is' if len(given) == 1 else 'are'} "
+                    f"set); start DDP with torchrun (it sets {', '.join(DDP_ENV)}), or unset {' and '.join(given)} "
+                    "for one process")
+if given and not all(os.environ[k].isdigit() for k in DDP_ENV) or given and \
+        not int(os.environ['RANK']) < int(os.environ['WORLD_SIZE']):
+    raise UserError(f"the DDP environment is not torchrun's: {', '.join(f'{k}={os.environ[k]}' for k in DDP_ENV)} "
+                    "(expected integers, RANK < WORLD_SIZE); start DDP with torchrun")
+ddp = bool(given)
+world_size = int(os.environ['WORLD_SIZE']) if ddp else 1
 tokens_per_micro_step = batch_size * block_size * world_size
 if total_batch_size % tokens_per_micro_step:
     raise UserError(f"total_batch_size={total_batch_size} is not a multiple of batch_size * block_size * world_size "
@@ -134,29 +156,39 @@ if total_batch_size % tokens_per_micro_step:
                     f"of {tokens_per_micro_step} (it is the global batch in tokens), or change batch_size")
 grad_accum = total_batch_size // tokens_per_micro_step
 ddir, meta, sizes = data_info(dataset, data_dir, block_size)
+data_identity = data_id(ddir)  # every checkpoint records it: sweep.py tells results on other data apart
 if hf_dir is not None:  # the model's shape is the Llama's (LIMe's routers, if any, are added to it)
-    from integrations.hf import llama_model_args
+    from integrations.hf import llama_model_args, llama_weight_files
     llama = llama_model_args(hf_dir)
+    llama_weight_files(hf_dir)  # readable, before out_dir is claimed
     vocab = llama.pop('vocab_size')
     if vocab != int(meta['vocab_size']):
         raise UserError(f"init_from={init_from}: its vocabulary has {vocab} tokens, "
                         f"dataset '{dataset}' {meta['vocab_size']}; train it on a dataset of its tokenizer")
     config.update(llama)
     globals().update(llama)
+ckpt_path = os.path.join(out_dir, CKPT_NAME)
+ckpt = ckpt_log = None
+imported_from = hf_dir  # the Llama this run's model started from, if any (a resumed run: its checkpoint's)
+if init_from == 'resume':
+    ckpt = load_checkpoint(ckpt_path, "checkpoint to resume from (init_from='resume')")
+    first = str(ckpt['config'].get('init_from', ''))
+    imported_from = ckpt.get('imported_from') or (first[len('hf:'):] if first.startswith('hf:') else None)
+    if imported_from is not None:  # its shape and settings are the Llama's, not train.py's defaults
+        llama = {k: ckpt['model_args'][k] for k in IMPORTED
+                 if k in ckpt['model_args'] and config[k] == IMPORTED_DEFAULTS[k]}
+        config.update(llama)
+        globals().update(llama)
 model_args = {f.name: config[f.name] for f in dataclasses.fields(RelativesConfig) if f.name in config}
 try:  # shapes and the router variant
     gptconf = RelativesConfig(vocab_size=int(meta['vocab_size']), **model_args)
 except ValueError as e:
     raise UserError(f"invalid model config: {e}") from None
-ckpt_path = os.path.join(out_dir, CKPT_NAME)
-ckpt = ckpt_log = None
-if init_from == 'resume':
-    ckpt = load_checkpoint(ckpt_path, "checkpoint to resume from (init_from='resume')")
+if ckpt is not None:
     check_resume(ckpt, ckpt_path, dataclasses.asdict(gptconf), config, meta, ddir)
 
 # devices and DDP (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE)
-ddp = int(os.environ.get('RANK', -1)) != -1
-rank = int(os.environ.get('RANK', 0))
+rank = int(os.environ['RANK']) if ddp else 0
 master = rank == 0
 device = resolve_device(device)  # an indexed 'cuda:N' on CUDA: cuda:LOCAL_RANK under torchrun
 device_type = device.split(':')[0]
@@ -194,7 +226,7 @@ iter_num, best_val_loss, tokens_seen, flops_seen = 0, float('inf'), 0, 0
 data_rng = np.random.default_rng([seed, rank])  # each rank draws its own batches
 torch.manual_seed(seed + 1 + rank)  # dropout
 if ckpt is not None:
-    model.load_state_dict(ckpt['model'])
+    load_weights(model, ckpt, ckpt_path)
     if 'optimizer' in ckpt:  # one state dict per optimizer (a single one in older checkpoints)
         states = ckpt['optimizer'] if isinstance(ckpt['optimizer'], list) else [ckpt['optimizer']]
         for opt, state in zip(optimizers, states):
@@ -295,7 +327,8 @@ def save_checkpoint(rng_states):
                  'scaler': scaler.state_dict() if scaler.is_enabled() else None, 'config': config, 'meta': meta,
                  'model_args': dataclasses.asdict(gptconf), 'iter_num': iter_num, 'best_val_loss': best_val_loss,
                  'rng': rng_states, 'tokens': tokens_seen, 'flops': flops_seen, 'world_size': world_size,
-                 'log': log_lines, 'git_commit': commit, 'torch_version': str(torch.__version__)},
+                 'log': log_lines, 'imported_from': imported_from, 'data_id': data_identity, 'git_commit': commit,
+                 'torch_version': str(torch.__version__)},
                 ckpt_path, resume_hint())
     write_log(resume_hint())
     print(f"saved checkpoint to {ckpt_path} (iter {iter_num})")
@@ -309,7 +342,12 @@ def logged_iter(line):
 
 def resume_hint():
     """How to go on after this run stops: from the checkpoint in out_dir if it is this run's (or the one it resumed)."""
-    return "continue with --init_from=resume" if last_saved is not None or init_from == 'resume' else "run again"
+    if last_saved is None and init_from != 'resume':
+        return "run again"
+    return RESUME_COMMAND
+
+# the same command, continued: the model options an import set come from the checkpoint
+RESUME_COMMAND = f"continue with --init_from=resume{f' (in place of --init_from={init_from})' if hf_dir else ''}"
 
 def stopped(reason):
     """The error of a run that cannot go on, saying which checkpoint survives it."""
@@ -411,8 +449,7 @@ while iter_num < max_iters and not eval_only:
         last_saved = iter_num
     if stop_now:
         if master:
-            print(f"interrupted at iter {iter_num}: checkpoint saved to {ckpt_path}; "
-                  "continue with --init_from=resume", flush=True)
+            print(f"interrupted at iter {iter_num}: checkpoint saved to {ckpt_path}; {RESUME_COMMAND}", flush=True)
         break
 
 on_rank_0(write_log, resume_hint())  # records since the last checkpoint (eval_only, always_save_checkpoint=False)

@@ -12,6 +12,7 @@ The folder is written beside DIR and renamed into place when complete; an existi
 See docs/export.md.
 """
 import os
+import re
 import json
 import shutil
 import tempfile
@@ -34,6 +35,8 @@ if format not in ('hf', 'lime-authors'):
     raise UserError(f"format={format!r}: expected 'hf' or 'lime-authors'")
 if not to:
     raise UserError("to is empty: name the folder to write (--to=DIR)")
+if os.path.islink(to):  # the folder is renamed into place: onto a link it would fail, or replace the link
+    raise UserError(f"--to={to} is a link; name the folder itself (or a new one)")
 if os.path.exists(to) and not (os.path.isdir(to) and not os.listdir(to)):
     raise UserError(f"--to={to} exists and is not an empty folder; choose a new one (or remove it)")
 try:
@@ -56,7 +59,10 @@ if format == 'lime-authors':
         what = f"{others[0]}={cfg[others[0]]!r}" if others else f"router={cfg['router']!r}"
         raise UserError(f"format='lime-authors' cannot hold this model ({what}): the authors' code has LIMe's static "
                         "full router only; export it with --format=hf (remote code)")
-    config, weights = {**hf.llama_config(cfg), 'architectures': ['LIMeForCausalLM']}, hf.to_llama(sd, cfg, True)
+    # a LlamaConfig, as their code reads it, but not model_type 'llama': transformers' Auto classes would load it as a
+    # LlamaForCausalLM with random k and v projections (their kv_proj_weight has no place there), warning only
+    config = {**hf.llama_config(cfg), 'architectures': ['LIMeForCausalLM'], 'model_type': 'lime'}
+    weights = hf.to_llama(sd, cfg, True)
 elif hf.is_llama(cfg):
     config, weights = hf.llama_config(cfg), hf.to_llama(sd, cfg)
 else:  # remote code: our state dict as it is, under the wrapper's 'model.'; a tied head stored once
@@ -67,10 +73,25 @@ bpe = meta.get('kind') == 'bpe'
 if bpe:
     config.update(bos_token_id=EOT, eos_token_id=EOT)
 
-parent = os.path.dirname(os.path.abspath(to))
-os.makedirs(parent, exist_ok=True)
-tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(to))}.", dir=parent)
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: there
+        pass
+    return True
+
+
+parent, base = os.path.dirname(os.path.abspath(to)), os.path.basename(os.path.abspath(to))
+tmp = None
 try:
+    os.makedirs(parent, exist_ok=True)
+    for name in os.listdir(parent):  # the temp folders of exports here that were killed (their process is gone)
+        stale = re.fullmatch(rf"\.{re.escape(base)}\.export-(\d+)-.*", name)
+        if stale and not alive(int(stale[1])) and os.path.isdir(os.path.join(parent, name)):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    tmp = tempfile.mkdtemp(prefix=f".{base}.export-{os.getpid()}-", dir=parent)
     with open(os.path.join(tmp, 'config.json'), 'w') as f:
         json.dump(config, f, indent=2)
     safetensors.torch.save_file(weights, os.path.join(tmp, 'model.safetensors'), metadata={'format': 'pt'})
@@ -96,8 +117,12 @@ try:
     if os.path.isdir(to):
         os.rmdir(to)  # empty (checked above)
     os.rename(tmp, to)
-except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
+except BaseException as e:
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if isinstance(e, OSError):  # a full or read-only disk, permissions
+        raise UserError(f"cannot write the export to --to={to}: {(e.strerror or str(e)).lower()}; nothing was left "
+                        "there: free some space (or fix the permissions), then run again") from None
     raise
 kind = 'the authors\' LIMe layout' if format == 'lime-authors' else \
     'LlamaForCausalLM' if hf.is_llama(cfg) else 'remote code (trust_remote_code=True)'

@@ -84,8 +84,11 @@ def from_llama(sd, cfg):
         return sd[key]
     out['transformer.wte.weight'] = get('model.embed_tokens.weight')
     out['transformer.ln_f.weight'] = get('model.norm.weight')
-    out['lm_head.weight'] = sd.get('lm_head.weight', out['transformer.wte.weight']) if not cfg['tie_embeddings'] \
-        else out['transformer.wte.weight']
+    # untied (tie_word_embeddings false, or absent: LlamaConfig's default): the head is a tensor of its own
+    if not cfg['tie_embeddings'] and 'lm_head.weight' not in sd:
+        raise UserError("the Llama weights have no lm_head.weight, which its untied head (tie_word_embeddings false "
+                        "or absent in config.json) needs; if its head is the embedding, set tie_word_embeddings: true")
+    out['lm_head.weight'] = sd['lm_head.weight'] if not cfg['tie_embeddings'] else out['transformer.wte.weight']
     for theirs, ours in _blocks(cfg):
         for a, b in (('self_attn.q_proj', 'attn.q_proj'), ('self_attn.o_proj', 'attn.o_proj'), ('mlp.gate_proj',
                      'mlp.gate_proj'), ('mlp.up_proj', 'mlp.up_proj'), ('mlp.down_proj', 'mlp.down_proj'),
@@ -102,19 +105,36 @@ def llama_model_args(path):
     cfg_path = os.path.join(path, 'config.json')
     if not os.path.isfile(cfg_path):
         raise UserError(f"init_from=hf:{path}: no config.json there; point it at a folder saved by transformers")
-    with open(cfg_path) as f:
-        c = json.load(f)
+    try:
+        with open(cfg_path) as f:
+            c = json.load(f)
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError too
+        raise UserError(f"init_from=hf:{path}: config.json is not valid JSON ({str(e)[:200]}); save the model again "
+                        "with transformers, or point it at another folder") from None
+    if not isinstance(c, dict):
+        raise UserError(f"init_from=hf:{path}: config.json is not a model config (a JSON object)")
+    lacks = [k for k in ('num_attention_heads', 'num_hidden_layers', 'hidden_size', 'intermediate_size', 'vocab_size')
+             if not isinstance(c.get(k), int) or c[k] < 1]
+    if lacks and c.get('model_type') == 'llama':
+        raise UserError(f"init_from=hf:{path}: config.json lacks {lacks[0]} (a positive integer); save the model "
+                        "again with transformers")
     if c.get('model_type') != 'llama' or 'LlamaForCausalLM' not in (c.get('architectures') or ['LlamaForCausalLM']):
         raise UserError(f"init_from=hf:{path}: a {c.get('architectures') or c.get('model_type')} model; only a plain "
                         "LlamaForCausalLM can be imported (a nanoLIMe export of LIMe continues with the run's own "
                         "--init_from=resume)")
     heads = c['num_attention_heads']
     head_dim = c.get('head_dim') or c['hidden_size'] // heads
-    rope = c.get('rope_parameters') or c.get('rope_scaling') or {}
+    # RoPE's settings: rope_parameters (transformers 5), or rope_scaling, whose kind is rope_type or, as written
+    # before rope_type existed, type (transformers honours both); any kind but the default is scaled RoPE
+    ropes = {key: c.get(key) or {} for key in ('rope_parameters', 'rope_scaling')}
+    scaled = [f"{key}={{{kind!r}: {rope[kind]!r}}}" for key, rope in ropes.items() if isinstance(rope, dict)
+              for kind in ('rope_type', 'type') if rope.get(kind) not in (None, 'default')]
+    scaled += [f"{key}={rope!r}" for key, rope in ropes.items() if not isinstance(rope, dict)]
+    rope = {**ropes['rope_scaling'], **ropes['rope_parameters']} if not scaled else {}
     unsupported = [name for name, bad in (
         ('attention_bias', c.get('attention_bias')), ('mlp_bias', c.get('mlp_bias')),
         (f"hidden_act={c.get('hidden_act')!r}", c.get('hidden_act', 'silu') != 'silu'),
-        (f"rope_type={rope.get('rope_type')!r}", rope.get('rope_type', 'default') != 'default'),
+        (f"scaled RoPE: {', '.join(scaled)}", scaled),
         (f"head_dim={head_dim} != hidden_size / num_attention_heads", head_dim * heads != c['hidden_size']))
         if bad]
     if unsupported:
@@ -126,21 +146,41 @@ def llama_model_args(path):
                 tie_embeddings=bool(c.get('tie_word_embeddings', False)), vocab_size=c['vocab_size'])
 
 
-def load_llama(model, path):
-    """Load the LlamaForCausalLM weights in folder `path` into `model` (its other parameters, a LIMe router or
-    another variant's, keep their init); UserError if a shape differs."""
+def llama_weight_files(path):
+    """The safetensors files of the LlamaForCausalLM folder `path`, each checked readable (its header: cheap);
+    UserError if one is missing or damaged."""
     try:
-        from safetensors.torch import load_file
+        from safetensors import safe_open
     except ImportError:
         raise UserError("init_from=hf:... needs safetensors: pip install -r requirements-hf.txt") from None
     index = os.path.join(path, 'model.safetensors.index.json')
     if os.path.isfile(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)['weight_map'].values()))
+        try:
+            with open(index) as f:
+                files = sorted(set(json.load(f)['weight_map'].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise UserError(f"init_from=hf:{path}: model.safetensors.index.json is damaged (no weight_map); save "
+                            "the model again with transformers") from None
     elif os.path.isfile(os.path.join(path, 'model.safetensors')):
         files = ['model.safetensors']
     else:
         raise UserError(f"init_from=hf:{path}: no model.safetensors there (only safetensors weights are read)")
+    for name in files:
+        try:
+            with safe_open(os.path.join(path, name), framework='pt') as f:
+                f.keys()
+        except Exception as e:  # safetensors' own error types (a Rust panic too), or an OSError
+            raise UserError(f"init_from=hf:{path}: {name} is damaged or not safetensors "
+                            f"({(str(e).strip().splitlines() or [type(e).__name__])[0][:150]}); save the model "
+                            "again with transformers, or download it again") from None
+    return files
+
+
+def load_llama(model, path):
+    """Load the LlamaForCausalLM weights in folder `path` into `model` (its other parameters, a LIMe router or
+    another variant's, keep their init); UserError if a shape differs."""
+    files = llama_weight_files(path)
+    from safetensors.torch import load_file
     sd = {}
     for name in files:
         sd.update(load_file(os.path.join(path, name)))

@@ -83,6 +83,13 @@ def check_resume(ckpt, path, model_args, config, meta, ddir):
         what = ', '.join(f"{k}: {theirs.get(k)!r} in the checkpoint, {model_args.get(k)!r} now" for k in diff)
         raise UserError(f"cannot resume from {path}: the model differs ({what}); "
                         "use the checkpoint's settings or another out_dir")
+    states = ckpt.get('optimizer')
+    for number, state in enumerate(states if isinstance(states, list) else [states] if states else [], 1):
+        bad = sorted({name for per_param in (state.get('state') or {}).values() for name, v in per_param.items()
+                      if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()})
+        if bad:  # its first step would make the weights NaN, and the run stop at a NaN loss that says otherwise
+            raise UserError(f"{path} holds non-finite optimizer state (NaN or inf) in {', '.join(bad)} of optimizer "
+                            f"{number}; restore it from a copy, or train again (train.py --overwrite replaces it)")
     if ckpt['config'].get('optimizer', 'adamw') != config['optimizer']:
         raise UserError(f"cannot resume from {path}: it was trained with optimizer="
                         f"{ckpt['config'].get('optimizer', 'adamw')!r}, this run asks for {config['optimizer']!r}; "
@@ -248,6 +255,25 @@ def _strip_prefixes(key):
     return key
 
 
+def load_weights(model, ckpt, path):
+    """model.load_state_dict(ckpt['model']); UserError naming a tensor the checkpoint lacks (damaged, or of another
+    version of model.py) or one it has that the model does not (another version), with the commit that wrote it."""
+    ours, theirs = model.state_dict(), ckpt['model']
+    missing, unexpected = [k for k in ours if k not in theirs], [k for k in theirs if k not in ours]
+    who = f"use the version of model.py it was trained with ({trained_with(ckpt)})"
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ''
+        raise UserError(f"{path} lacks the tensor {missing[0]}{more} of its model: it is damaged, or was written by a version of model.py without it; restore it "
+                        f"from a copy, or {who}")
+    if unexpected:
+        raise UserError(f"{path} has a tensor this model.py does not ({unexpected[0]}): {who}")
+    try:
+        model.load_state_dict(theirs)
+    except RuntimeError as e:  # a shape that differs
+        first = (str(e).strip().splitlines() or [''])[-1].strip()[:300]
+        raise UserError(f"{path} does not fit this version of model.py ({first}); {who}") from None
+
+
 def load_model(path, device='cpu'):
     """(model in eval mode on `device`, checkpoint) from an out_dir or a checkpoint file."""
     from relatives import RelativesConfig, build_model
@@ -262,9 +288,9 @@ def load_model(path, device='cpu'):
     ckpt = load_checkpoint(path)
     try:
         model = build_model(RelativesConfig(**ckpt['model_args']))
-        model.load_state_dict(ckpt['model'])
     except (TypeError, ValueError, RuntimeError) as e:
         first = (str(e).strip().splitlines() or [''])[0][:300]
         raise UserError(f"{path} does not fit this version of model.py ({first}); use the version of model.py "
                         "it was trained with") from None
+    load_weights(model, ckpt, path)
     return model.eval().to(device), ckpt

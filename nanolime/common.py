@@ -81,6 +81,29 @@ def _literal(raw, default):
     return value
 
 
+def read_value(key, raw, default, nullable=()):
+    """The value of --key=<raw> for an option whose default is `default`, as configure reads it (and so as train.py
+    reads what sweep.py passes on): a Python literal, or a bare word as a string, then checked by check_value."""
+    return check_value(key, _literal(raw, default), default, nullable)
+
+
+def script_options(path):
+    """The option names of a script of ours (train.py): the plain names its top level assigns before it calls
+    configure (not _private or CAPITALS), read from its source without running it."""
+    import ast
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                getattr(node.value.func, 'id', None) == 'configure':
+            break
+        if isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name) and not t.id.startswith('_')
+                      and not t.id.isupper()]
+    return names
+
+
 def _exec_config_file(path, config):
     """The names a config file sets, run with the current config as its globals; UserError on any failure."""
     with open(path) as f:

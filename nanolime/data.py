@@ -151,6 +151,26 @@ def data_info(dataset, data_dir='', block_size=None):
     return ddir, meta, sizes
 
 
+def data_id(ddir):
+    """A short identity of the prepared dataset in `ddir`, the same wherever it is copied: a hash of its meta.pkl and
+    of each split's size, first and last MiB (the files may be many GB: not read whole). None if a file is missing."""
+    import hashlib
+    h = hashlib.sha256()
+    try:
+        with open(os.path.join(ddir, 'meta.pkl'), 'rb') as f:
+            h.update(f.read())
+        for split in ('train', 'val'):
+            with open(os.path.join(ddir, f'{split}.bin'), 'rb') as f:
+                size = os.fstat(f.fileno()).st_size
+                h.update(f"{split} {size}".encode())
+                h.update(f.read(2 ** 20))
+                f.seek(max(0, size - 2 ** 20))
+                h.update(f.read(2 ** 20))
+    except OSError:
+        return None
+    return h.hexdigest()[:12]
+
+
 def get_batch(ddir, split, ix, block_size, device, vocab_size=None):
     """Inputs and targets (len(ix), block_size) starting at token offsets ix of <ddir>/<split>.bin; with vocab_size,
     UserError if a token id is beyond the vocabulary (the data does not match its meta.pkl: corrupt)."""

@@ -155,17 +155,23 @@ def add_tier_columns(rows):
             row[f'acc_{n}'], row[f'majority_{n}'] = map(scored.get(str(n), {}).get, ('accuracy', 'majority_baseline'))
     return tiers
 
+def run_kind(row):
+    """(max_iters, data) of a row: how long its run trained, and the identity of its data (None where not
+    recorded); only runs of one kind are averaged or compared without a mark."""
+    return row.get('max_iters'), row.get('data')
+
 def best_of_arms(rows):
-    """Each arm's best variant at each depth, {(depth, arm): (variant, mean final val loss, seeds)}. An arm is a
-    variant name without its '~' options (lime~learning_rate=4e-3 is arm lime at another lr); its best, the
-    variant with the lowest mean final val loss over its finished seeds (ties: the first in rows)."""
+    """Each arm's best variant at each depth among runs of one length and data, {(depth, arm, max_iters, data):
+    (variant, mean final val loss, seeds)}. An arm is a variant name without its '~' options (lime~learning_rate=4e-3
+    is arm lime at another lr); its best, the variant with the lowest mean final val loss over its finished seeds
+    (ties: the first in rows). Runs of another max_iters or data are another comparison, with a best of its own."""
     losses = {}
     for row in rows:
         if row['status'] == 'done' and row['budget'] is None:
-            losses.setdefault((row['depth'], row['variant']), []).append(row['val_loss'])
+            losses.setdefault((row['depth'], row['variant'], *run_kind(row)), []).append(row['val_loss'])
     best = {}
-    for (depth, variant), xs in losses.items():
-        key, mean = (depth, variant.split('~')[0]), sum(xs) / len(xs)
+    for (depth, variant, *kind), xs in losses.items():
+        key, mean = (depth, variant.split('~')[0], *kind), sum(xs) / len(xs)
         if key not in best or mean < best[key][1]:
             best[key] = (variant, mean, len(xs))
     return best
@@ -174,7 +180,7 @@ def csv_text(rows):
     """sweep.csv's text: a header of the first row's keys and best_of_arm (whether the row's variant is its
     arm's best at its depth: best_of_arms; empty for a budget run or an unfinished one), then a line per row."""
     best = best_of_arms(rows)
-    rows = [{**row, 'best_of_arm': best[row['depth'], row['variant'].split('~')[0]][0] == row['variant']
+    rows = [{**row, 'best_of_arm': best[row['depth'], row['variant'].split('~')[0], *run_kind(row)][0] == row['variant']
              if row['status'] == 'done' and row['budget'] is None else None} for row in rows]
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
@@ -256,10 +262,16 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
           f"p_t paired t test, p_holm that Holm-adjusted over this table's {tests} "
           f"t tests, p_sign exact sign test (ties dropped)\n{'depth':>5}  {'variant':<16} {'n':>2}  {column:<17}  "
           f"{'vs ' + reference:<19} {'verdict':<22} {'p_t':<6} {'p_holm':<6} {'p_sign':<6} {last}\n" + '-' * 134)
+    mixed = []  # the kinds of runs (max_iters, data) a line mixes: its seeds', and those it is paired with
     for d in depths:
         for v, mine in done[d].items():
             m, h = mean_ci([r[column] for r in mine.values()]) if mine else (math.nan, math.nan)
-            line, extra = f"{d:>5}  {v:<16} {len(mine):>2}  {m:.4f} ± {h:<8.4f}", ''
+            kinds = {run_kind(r) for r in mine.values()} | ({run_kind(done[d][reference][s]) for s in mine
+                                                             if s in done[d][reference]} if v != reference else set())
+            mark = '!' if len(kinds) > 1 else ' '
+            if len(kinds) > 1:
+                mixed.append((d, v, kinds))
+            line, extra = f"{d:>5}{mark} {v:<16} {len(mine):>2}  {m:.4f} ± {h:<8.4f}", ''
             if (d, v) in diffs:
                 dm, dh = mean_ci(diffs[d, v])
                 star = '*' if len(diffs[d, v]) < len(mine) else ' '
@@ -279,6 +291,13 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
                 if times:  # the same, per CPU-second (off wall times: a machine busy with more is noise here)
                     extra += " | {}{:.3f} ± {:.3f}".format(mark, *mean_ci(times))
             print(f"{line:<110} {extra}".rstrip() if mine else f"{d:>5}  {v:<16}  0  (no finished runs)")
+    for d, v, kinds in mixed:
+        lengths, data = sorted({k[0] for k in kinds}, key=str), sorted({k[1] for k in kinds}, key=str)
+        print(f"! {d} layers, {v}: mixes runs of different " + ' and '.join(
+            [f"lengths (max_iters {', '.join(map(str, lengths))})"] * (len(lengths) > 1)
+            + [f"data (data {', '.join(map(str, data))})"] * (len(data) > 1))
+            + " (its seeds, or the reference's it is paired with): not one comparison; see sweep.csv's max_iters "
+            "and data columns")
 
 def print_report(rows, depths, variants, fits, n_budgets, tiers):
     """A sweep's tables: how many runs finished, the final val loss with the power laws fitted (fits:
@@ -292,8 +311,12 @@ def print_report(rows, depths, variants, fits, n_budgets, tiers):
             if sum(v.split('~')[0] == key[1] for v in variants) > 1}  # arms run in more than one setting
     if best:
         print("\neach arm's best (lowest mean final val loss; sweep.csv's best_of_arm):")
-    for (depth, arm), (variant, mean, n) in sorted(best.items()):
-        print(f"{depth:>5}  {arm:<16} {variant}  {mean:.4f} ({n} seed{'s' * (n > 1)})")
+    kinds = {}  # (depth, arm) -> its kinds of runs: with more than one, each line says which
+    for depth, arm, *kind in best:
+        kinds.setdefault((depth, arm), []).append(tuple(kind))
+    for (depth, arm, *kind), (variant, mean, n) in sorted(best.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        among = f"  (among runs of max_iters {kind[0]}, data {kind[1]})" if len(kinds[depth, arm]) > 1 else ''
+        print(f"{depth:>5}  {arm:<16} {variant}  {mean:.4f} ({n} seed{'s' * (n > 1)}){among}")
     for n in tiers:
         print_table(rows, depths, variants, f'acc_{n}', f"test accuracy, {n} operators", lower_is_better=False,
                     floor_column=f'majority_{n}')

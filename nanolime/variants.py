@@ -3,6 +3,10 @@
     component[:mode]  ('+' component[:mode] ...)  [@router_init]  (~key=value ...)
 
     lime, lime:first-2+attnres:block, mhc:static, hc8:dynamic, mudd:prepost, lime@identity~router_lr=0.002
+
+One name, one model: each component at most once (hc and hc<N> are one component), in any order ('baseline' alone);
+mhc's streams are 4, or N with hc<N> (mhc+hc8 = hc8+mhc); a '~key' may not set what the name sets (the components'
+options, the router given by lime:<router>, the init given by '@'). Anything else is refused.
 """
 import difflib
 import re
@@ -18,9 +22,10 @@ VARIANT_MODES = {'lime': 'router', 'attnres': 'attnres', 'mhc': 'mhc', 'hc': 'hc
 VARIANT_SWITCHES = {'hc_dynamic': 'dynamic', 'mudd_prepost': 'prepost'}  # modes that switch an option on: their one name
 VARIANT_PLAIN = {'lime': False, 'hc': 0, 'hc_dynamic': False, 'mhc': '', 'denseformer': False, 'attnres': '',
                  'mudd': False, 'mudd_prepost': False, 'moda': False}  # the baseline: every variant sets all of these
-VARIANT_GRAMMAR = ("components baseline, lime, hc, hc<N>, mhc, denseformer, attnres, mudd, moda joined by '+'; "
-                   "a mode after ':' (lime:first-2, attnres:block, mhc:static, hc:dynamic, mudd:prepost); LIMe's router init "
-                   "after '@' (lime@identity); train.py options after '~' (lime~router_lr=0.002)")
+VARIANT_GRAMMAR = ("components baseline, lime, hc, hc<N>, mhc, denseformer, attnres, mudd, moda joined by '+', "
+                   "each at most once, in any order (mhc+hc8: mHC with 8 streams); "
+                   "a mode after ':' (lime:first-2, attnres:block, mhc:static, hc:dynamic, mudd:prepost); "
+                   "LIMe's router init after '@' (lime@identity); train.py options after '~' (lime~router_lr=0.002)")
 
 
 def variant_name(lime=False, router='full', router_init='paper', hc=0, hc_dynamic=False, mhc='', denseformer=False,
@@ -50,15 +55,23 @@ def parse_variant(variant):
     if len(extra) < len(pairs):
         raise UserError(f"variant '{variant}': a key is given twice after '~'; give each once")
     name, _, init = name.partition('@')
-    opts = dict(VARIANT_PLAIN)
-    for part in name.split('+'):
+    opts, seen, rates = dict(VARIANT_PLAIN), {}, []  # seen: component -> its part of the name
+    parts = name.split('+')
+    for part in parts:
         component, colon, mode = part.partition(':')
         rate = re.fullmatch(r'hc([1-9]\d*)', component)  # hc0 would be the baseline
         if component not in VARIANT_COMPONENTS and not rate:
             close = difflib.get_close_matches(component, list(VARIANT_COMPONENTS), n=1)
             raise UserError(f"unknown variant '{component}' in '{variant}'"
                             f"{f'; did you mean {close[0]!r}?' if close else ''}: {VARIANT_GRAMMAR}")
-        opts.update({'hc': int(rate[1])} if rate else VARIANT_COMPONENTS[component])
+        family = 'hc' if rate else component
+        if family in seen:
+            raise UserError(f"variant '{variant}': '{part}' repeats '{seen[family]}'; name each component once "
+                            "(hc<N> sets the streams of hc and of mhc)")
+        seen[family] = part
+        if rate or component == 'hc':
+            rates.append(int(rate[1]) if rate else 4)
+        opts.update({} if rate else VARIANT_COMPONENTS[component])
         key = VARIANT_MODES.get('hc' if rate else component)
         if colon and (not key or not mode or key in VARIANT_SWITCHES and mode != VARIANT_SWITCHES[key]):
             modes = ', '.join(f'{c}:{VARIANT_SWITCHES[k]}' if k in VARIANT_SWITCHES else f'{c}:<{k}>'
@@ -66,8 +79,18 @@ def parse_variant(variant):
             raise UserError(f"variant '{variant}': '{part}' takes no such mode; modes: {modes}")
         if colon:
             opts[key] = True if key in VARIANT_SWITCHES else mode
+    if 'baseline' in seen and len(parts) > 1:
+        raise UserError(f"variant '{variant}': 'baseline' stands alone; name only the other components")
+    if rates:  # hc or hc<N>: the streams, of mhc too (whichever comes first)
+        opts['hc'] = rates[0]
     if init:
         if not opts['lime']:
             raise UserError(f"variant '{variant}': a router init ('@') needs lime, e.g. lime@identity")
         opts['router_init'] = init
+    named = {**{k: 'the name' for k in VARIANT_PLAIN}, **{k: f"'{seen['lime']}'" for k in ['router'] if k in opts},
+             **({'router_init': f"'@{init}'"} if init else {})}
+    for key, value in extra.items():
+        if key in named:
+            raise UserError(f"variant '{variant}': '~{key}={value}' sets {key}, which {named[key]} sets; give it once, "
+                            f"in the name: {VARIANT_GRAMMAR}")
     return opts, extra

@@ -4,6 +4,7 @@ memory measures. Nothing here asserts a timing: these check what is reported, no
 The compiled setting runs with the aot_eager backend: inductor itself is tested in test_compile.py."""
 import json
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -223,7 +224,8 @@ def test_variant_table():
         c('attnres:blocks', SHAPE)
     with pytest.raises(UserError, match="unknown variant 'hcx'"):
         c('hcx', SHAPE)
-    with pytest.raises(UserError, match="variant 'lime~max_iters=3' is not supported by this model.py"):
+    with pytest.raises(UserError, match="variant 'lime~max_iters=3': max_iters is a training option; bench.py "
+                                        "measures the model"):
         c('lime~max_iters=3', SHAPE)  # a training option: the model has no such field
 
 
@@ -314,3 +316,25 @@ def test_a_benchmark_cut_short_keeps_what_it_measured(tmp_path):
     p = run(*TINY, '--variants=baseline,lime', '--interleave=False', f'--json={out}', code=LIME_FAILS)
     assert p.returncode == 1 and 'a bug in the model' in p.stderr
     assert [r['variant'] for r in json.loads(out.read_text())['records']] == ['baseline']
+
+
+def test_tilde_values_are_read_as_train_py_reads_them():
+    """~key=value of a model option is read as sweep.py's runs read it (train.py's --key=value): typed by the option's
+    default, checked; a training option, bench.py's own shape options and an unknown key each say which it is."""
+    c = bench.variant_config
+    assert c('lime~tie_embeddings=False', SHAPE).tie_embeddings is False
+    assert c('lime~tie_embeddings=True', SHAPE).tie_embeddings is True
+    assert c('lime~dropout=0.1', SHAPE).dropout == 0.1 and c('lime~rope_theta=5e5', SHAPE).rope_theta == 500000.0
+    assert c('lime~rope_theta=10000', SHAPE).rope_theta == 10000.0 and c('lime~router=first-2', SHAPE).router == 'first-2'
+    assert c('lime~route_group_size=2', SHAPE).route_group_size == 2
+    for name, message in [
+            ('lime~tie_embeddings=maybe', "variant 'lime~tie_embeddings=maybe': tie_embeddings='maybe': expected bool"),
+            ('lime~router_lr=1e-3', "variant 'lime~router_lr=1e-3': router_lr is a training option; bench.py measures "
+                                    "the model: give it model options (GPTConfig's) after '~'"),
+            ('lime~n_kv_head=2', "variant 'lime~n_kv_head=2': n_kv_head is bench.py's own option, the same for every "
+                                 "variant: --settings=kv<N>-eager"),
+            ('lime~n_layer=2', "variant 'lime~n_layer=2': n_layer is bench.py's own option, the same for every "
+                               "variant: --n_layer (or --depths)"),
+            ('lime~rope_thta=5', "variant 'lime~rope_thta=5': unknown option 'rope_thta'; did you mean 'rope_theta'?")]:
+        with pytest.raises(UserError, match=re.escape(message)):
+            c(name, SHAPE)

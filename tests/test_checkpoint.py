@@ -336,3 +336,32 @@ def test_a_checkpoint_from_before_the_relatives_moved_out_of_model_py_loads_and_
     torch.testing.assert_close(logits[0], torch.tensor(expected['logits']), atol=1e-5, rtol=1e-5)
     assert model.generate(idx, 8, top_k=1)[0].tolist() == expected['greedy']
     assert type(model).__name__ == ('GPT' if name == 'lime' else 'RelativesGPT')
+
+
+def test_resume_refuses_non_finite_optimizer_state(run_copy, data_dir):
+    """NaN only in the optimizer's state (its moments): a resumed run would turn the weights NaN at its first step;
+    refused in one line, the checkpoint left as it is."""
+    ckpt = torch.load(f'{run_copy}/ckpt.pt', weights_only=True)
+    state = ckpt['optimizer'][0]['state']
+    first = next(iter(state.values()))
+    first['exp_avg_sq'].view(-1)[0] = float('nan')
+    torch.save(ckpt, f'{run_copy}/ckpt.pt')
+    before = files(run_copy)
+    with pytest.raises(UserError, match=r"ckpt.pt holds non-finite optimizer state \(NaN or inf\) in exp_avg_sq of "
+                                        r"optimizer 1; restore it from a copy, or train again"):
+        train(data_dir, run_copy, '--init_from=resume', '--max_iters=6', '--eval_interval=2')
+    assert files(run_copy) == before
+
+
+def test_a_checkpoint_missing_a_tensor_is_named_damaged(run_copy, data_dir, run_here):
+    """A tensor gone from the checkpoint's weights: one line naming it, the same for a resume and for sample.py, not
+    a stack of torch's messages nor 'another version of model.py' alone."""
+    ckpt = torch.load(f'{run_copy}/ckpt.pt', weights_only=True)
+    del ckpt['model']['transformer.h.1.attn.q_proj.weight']
+    torch.save(ckpt, f'{run_copy}/ckpt.pt')
+    want = (f"{run_copy}/ckpt.pt lacks the tensor transformer.h.1.attn.q_proj.weight of its model: it is damaged, or "
+            "was written by a version of model.py without it")
+    with pytest.raises(UserError) as e:
+        train(data_dir, run_copy, '--init_from=resume', '--max_iters=6', '--eval_interval=2')
+    assert str(e.value).startswith(want) and '\n' not in str(e.value)
+    assert error_of(run_here, 'sample.py', f'--out_dir={run_copy}', '--max_new_tokens=2').startswith(want)

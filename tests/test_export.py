@@ -7,6 +7,7 @@ same logits (1e-5) and the same greedy tokens as ours. Skipped, with the reason,
 import json
 import math
 import os
+import re
 import shutil
 import sys
 
@@ -221,7 +222,13 @@ def test_lime_authors_layout_computes_our_function(name, runs, tmp_path):
         keys = set(f.keys())
     assert not any(k.endswith(('.k_proj.weight', '.v_proj.weight')) for k in keys)
     assert 'model.layers.0.self_attn.lime_router.static_weights' not in keys  # their layer 0 has no router weights
-    assert json.load(open(os.path.join(to, 'config.json')))['model_type'] == 'llama'
+    # not a Llama to transformers' Auto classes (which would load it with random k and v, warning only); a
+    # LlamaConfig to the authors' code, which reads it with LlamaConfig
+    assert json.load(open(os.path.join(to, 'config.json')))['model_type'] == 'lime'
+    with pytest.raises((ValueError, KeyError)):
+        transformers.AutoModelForCausalLM.from_pretrained(to)
+    llama = transformers.LlamaConfig.from_pretrained(to)
+    assert (llama.num_hidden_layers, llama.architectures) == (ours.config.n_layer, ['LIMeForCausalLM'])
 
 
 # ----------------------------------------------------------------------------- import: --init_from=hf:DIR
@@ -307,12 +314,30 @@ def test_refusal_is_one_line_in_a_process(runs, tmp_path):
 
 
 def test_no_partial_folder_when_the_export_fails(runs, tmp_path, monkeypatch):
+    """A full disk (or a read-only one) is one line that says what to do; neither the folder nor its temp copy stays."""
     def fail(*args):
         raise OSError(28, 'No space left on device')
     monkeypatch.setattr(hf, 'char_tokenizer', fail)
-    with pytest.raises(OSError):
+    with pytest.raises(UserError, match=rf"^cannot write the export to --to={tmp_path}/x: no space left on device; "
+                                        "nothing was left there: free some space \(or fix the permissions\), then "
+                                        "run again$"):
         script_here('integrations/export.py', f'--out_dir={runs("lime-gqa")}', f'--to={tmp_path}/x')
     assert os.listdir(tmp_path) == []  # neither the folder nor its temp copy
+
+
+def test_export_to_a_link_is_refused_and_a_killed_export_s_temp_folder_is_removed(runs, tmp_path):
+    (tmp_path / 'target').mkdir()
+    os.symlink(tmp_path / 'target', tmp_path / 'link')
+    os.symlink(tmp_path / 'nowhere', tmp_path / 'dangling')
+    for link in ('link', 'dangling'):
+        with pytest.raises(UserError, match=rf"--to={tmp_path}/{link} is a link; name the folder itself"):
+            script_here('integrations/export.py', f'--out_dir={runs("baseline-mha")}', f'--to={tmp_path}/{link}')
+    # a temp folder of an export killed half-way (its process gone): the next export into that place removes it
+    stale = tmp_path / '.x.export-999999999-abcd'
+    stale.mkdir()
+    (stale / 'model.safetensors').write_bytes(b'half')
+    export(runs('baseline-mha'), str(tmp_path / 'x'))
+    assert sorted(os.listdir(tmp_path)) == ['dangling', 'link', 'target', 'x']
 
 
 def test_export_without_transformers_is_one_line(runs, tmp_path, monkeypatch):
@@ -321,3 +346,135 @@ def test_export_without_transformers_is_one_line(runs, tmp_path, monkeypatch):
                        match=r"^integrations/export.py needs transformers: pip install -r requirements-hf.txt$"):
         script_here('integrations/export.py', f'--out_dir={runs("lime-gqa")}', f'--to={tmp_path}/x')
     assert not os.path.exists(f'{tmp_path}/x')
+
+
+# ----------------------------------------------------------------------------- a released Llama's own settings
+def make_llama(folder, data_dir, **kw):
+    """A tiny LlamaForCausalLM saved by transformers, as most released Llamas are: untied, rms_norm_eps 1e-5,
+    rope_theta 5e5 (not our defaults), GQA and an intermediate size of its own; the shape of conftest's TINY_RUN."""
+    import pickle
+    with open(os.path.join(data_dir, 'shakespeare_char', 'meta.pkl'), 'rb') as f:
+        vocab = pickle.load(f)['vocab_size']
+    args = dict(vocab_size=vocab, hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, rms_norm_eps=1e-5, rope_theta=5e5, tie_word_embeddings=False,
+                max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**args, **kw})).save_pretrained(folder)
+    return str(folder)
+
+
+def test_sigterm_after_a_llama_import_prints_a_resume_command_that_works(tmp_path, data_dir, capsys):
+    """SIGTERM stops a run imported from a Llama whose settings are not our defaults; the command it prints to go
+    on (the same one, --init_from=resume in place of --init_from=hf:DIR) resumes it."""
+    from conftest import TINY_RUN, child_env, ckpt_of, REPO
+    import signal
+    import subprocess
+    import time
+    llama, out = make_llama(tmp_path / 'llama', data_dir), str(tmp_path / 'out')
+    args = [*TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}', '--lr_decay_iters=100000',
+            '--eval_interval=100000']
+    proc = subprocess.Popen([sys.executable, 'train.py', *args, f'--init_from=hf:{llama}', '--max_iters=100000'],
+                            cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen, deadline = [], time.time() + 120
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith('iter 2:') or time.time() > deadline:
+                break
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stdout = ''.join(seen) + stdout
+    assert proc.returncode == 130 and 'Traceback' not in stderr, stdout + stderr
+    hint = [line for line in stdout.splitlines() if line.startswith('interrupted at iter')]
+    assert len(hint) == 1 and '--init_from=resume' in hint[0], stdout
+    ckpt = ckpt_of(out)
+    n = ckpt['iter_num']
+    assert {k: ckpt['model_args'][k] for k in ('tie_embeddings', 'norm_eps', 'rope_theta', 'n_kv_head',
+                                               'mlp_hidden')} == dict(tie_embeddings=False, norm_eps=1e-5,
+                                                                      rope_theta=5e5, n_kv_head=1, mlp_hidden=96)
+    code, stdout, _ = script_here('train.py', *args, '--init_from=resume', f'--max_iters={n + 2}')
+    assert code == 0 and f'resuming from {out}/ckpt.pt at iter {n + 1}' in stdout
+    assert ckpt_of(out)['iter_num'] == n + 2 and ckpt_of(out)['model_args'] == ckpt['model_args']
+
+
+def test_llama_settings_are_train_keys(tmp_path, data_dir):
+    """tie_embeddings, norm_eps and rope_theta are train.py options (a scratch run's model has them); a resumed
+    import may give them too, and one that differs from the checkpoint's is refused."""
+    from conftest import TINY_RUN, ckpt_of
+    out = str(tmp_path / 'scratch')
+    code, _, _ = script_here('train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=1',
+                             '--tie_embeddings=False', '--norm_eps=1e-5', '--rope_theta=5e5')
+    assert code == 0
+    args = ckpt_of(out)['model_args']
+    assert (args['tie_embeddings'], args['norm_eps'], args['rope_theta']) == (False, 1e-5, 5e5)
+    llama, out = make_llama(tmp_path / 'llama', data_dir), str(tmp_path / 'imported')
+    common = [*TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}']
+    assert script_here('train.py', *common, f'--init_from=hf:{llama}', '--max_iters=1')[0] == 0
+    assert script_here('train.py', *common, '--init_from=resume', '--max_iters=2', '--tie_embeddings=False',
+                       '--norm_eps=1e-5')[0] == 0
+    with pytest.raises(UserError, match=r"the model differs \(rope_theta: 500000.0 in the checkpoint, 250000.0 now"):
+        script_here('train.py', *common, '--init_from=resume', '--max_iters=3', '--rope_theta=2.5e5')
+
+
+@pytest.mark.parametrize('rope', [
+    {'rope_scaling': {'type': 'linear', 'factor': 4.0}, 'rope_theta': 5e5},  # before rope_type: transformers honours it
+    {'rope_scaling': {'rope_type': 'yarn', 'factor': 4.0}, 'rope_theta': 5e5},
+    {'rope_parameters': {'rope_theta': 5e5, 'type': 'dynamic', 'factor': 2.0}},
+    {'rope_parameters': {'rope_theta': 5e5, 'rope_type': 'default'}, 'rope_scaling': {'type': 'linear', 'factor': 4}},
+])
+def test_scaled_rope_is_refused_in_every_form(rope, tmp_path, data_dir):
+    llama = make_llama(tmp_path / 'llama', data_dir)
+    config = json.load(open(f'{llama}/config.json'))
+    config.pop('rope_parameters')
+    json.dump({**config, **rope}, open(f'{llama}/config.json', 'w'))
+    with pytest.raises(UserError, match=r"unsupported Llama \(scaled RoPE: rope_(parameters|scaling)="):
+        hf.llama_model_args(llama)
+
+
+def test_plain_rope_in_every_form_is_accepted(tmp_path, data_dir):
+    llama = make_llama(tmp_path / 'llama', data_dir)
+    config = json.load(open(f'{llama}/config.json'))
+    config.pop('rope_parameters')
+    for rope in ({'rope_theta': 5e5}, {'rope_theta': 5e5, 'rope_scaling': None},
+                 {'rope_scaling': {'type': 'default', 'rope_theta': 5e5}},
+                 {'rope_parameters': {'rope_theta': 5e5, 'rope_type': 'default'}, 'rope_scaling': None}):
+        json.dump({**config, **rope}, open(f'{llama}/config.json', 'w'))
+        assert hf.llama_model_args(llama)['rope_theta'] == 5e5, rope
+
+
+def test_untied_llama_without_its_head_is_refused(tmp_path, data_dir):
+    """An untied config whose weights lack lm_head.weight: refused as any other missing tensor, not trained with the
+    embedding as its head."""
+    llama = make_llama(tmp_path / 'llama', data_dir)
+    sd = safetensors_torch.load_file(f'{llama}/model.safetensors')
+    del sd['lm_head.weight']
+    safetensors_torch.save_file(sd, f'{llama}/model.safetensors', metadata={'format': 'pt'})
+    with pytest.raises(UserError, match=r"the Llama weights have no lm_head.weight, which its untied head \(tie_word_embeddings"):
+        script_here('train.py', *TINY, '--lime=False', f'--init_from=hf:{llama}', f'--data_dir={data_dir}',
+                    f'--out_dir={tmp_path}/out')
+
+
+def test_a_damaged_llama_folder_is_one_line_before_out_dir_is_claimed(tmp_path, data_dir):
+    """config.json that is no JSON or lacks a size, model.safetensors that is not safetensors: one line each, before
+    any work (out_dir is not created)."""
+    from conftest import TINY_RUN
+    good = make_llama(tmp_path / 'good', data_dir)
+    cases = {'json': ('config.json', b'{"model_type": "llama",', "config.json is not valid JSON"),
+             'key': ('config.json', None, "config.json lacks num_attention_heads"),
+             'weights': ('model.safetensors', b'\x00garbage' * 10, "model.safetensors is damaged or not safetensors")}
+    for name, (file, content, message) in cases.items():
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        if content is None:
+            config = json.load(open(folder / file))
+            del config['num_attention_heads']
+            json.dump(config, open(folder / file, 'w'))
+        else:
+            (folder / file).write_bytes(content)
+        with pytest.raises(UserError, match=re.escape(f"init_from=hf:{folder}: {message}")):
+            script_here('train.py', *TINY_RUN, f'--init_from=hf:{folder}', f'--data_dir={data_dir}',
+                        f'--out_dir={tmp_path}/out-{name}')
+        assert not os.path.exists(f'{tmp_path}/out-{name}'), name

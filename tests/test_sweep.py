@@ -31,7 +31,7 @@ from nanolime import variants
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
         '--eval_iters=2', '--warmup_iters=1', '--log_interval=1', '--compile=False', '--dtype=float32']
 COLUMNS = ['depth', 'variant', 'seed', 'budget', 'status', 'iters', 'max_iters', 'lr_decay_iters', 'warmup_iters',
-           'tokens', 'train_flops', 'val_loss', 'compute_multiplier', 'multiplier_note', 'time_multiplier', 'wall_time_s',
+           'data', 'tokens', 'train_flops', 'val_loss', 'compute_multiplier', 'multiplier_note', 'time_multiplier', 'wall_time_s',
            'out_dir']
 
 
@@ -187,7 +187,12 @@ def test_rerun_trains_nothing_and_changed_options_are_refused(swept, run_here, c
     out, err = capsys.readouterr()
     assert "0 already done, 0 to evaluate, 0 to resume, 0 to start, 4 refused" in out
     assert re.search(r"lime-L2-s1 was trained with other options \(learning_rate=0.002 there, 0.01 now\)", err)
-    assert [r['status'] for r in read_csv(os.path.join(other, 'sweep.csv'))] == ['refused'] * 4
+    # the finished runs' rows stay in sweep.csv as they were (only out_dir follows the copy): a refusal loses nothing
+    was = {r['variant'] + r['seed']: {**r, 'out_dir': os.path.basename(r['out_dir'])}
+           for r in read_csv(os.path.join(root, 'sweep.csv'))}
+    now = {r['variant'] + r['seed']: {**r, 'out_dir': os.path.basename(r['out_dir'])}
+           for r in read_csv(os.path.join(other, 'sweep.csv'))}
+    assert now == was and {r['status'] for r in now.values()} == {'done'}
 
 
 def test_a_second_command_keeps_the_first_ones_rows(swept, run_here, capsys, tmp_path):
@@ -226,7 +231,7 @@ def test_a_lower_max_iters_over_longer_runs_is_refused(swept, run_here, capsys, 
     assert "0 already done, 0 to evaluate, 0 to resume, 0 to start, 4 refused" in out
     assert f"{lower}/lime-L2-s1 was trained to iter 3, past max_iters=2: its evaluation at 2 is not that of a " \
            "2-iteration run; rerun with --max_iters=3 or more, or use another out_dir" in err
-    assert [r['status'] for r in read_csv(os.path.join(lower, 'sweep.csv'))] == ['refused'] * 4
+    assert [r['status'] for r in read_csv(os.path.join(lower, 'sweep.csv'))] == ['done'] * 4  # kept, not replaced
 
 
 def test_a_run_killed_between_its_checkpoint_and_its_log_is_finished_by_a_rerun(swept, run_here, capsys, tmp_path):
@@ -391,9 +396,11 @@ def test_variant_names(sweep_fns):
     assert options('lime:last-2@identity') == {**plain, 'lime': True, 'router': 'last-2', 'router_init': 'identity'}
     assert options('lime~router_lr=0.002') == {**plain, 'lime': True, 'router_lr': '0.002'}  # as on train.py's line
     assert options('mhc:static+lime') == {**plain, 'hc': 4, 'mhc': 'static', 'lime': True}
-    for bad in ('lime~n_layer=8', 'baseline~out_dir=x', 'lime~hc=2', 'lime~seed=3'):
+    for bad in ('lime~n_layer=8', 'baseline~out_dir=x', 'lime~seed=3'):
         with pytest.raises(common.UserError, match="expected '~key=value' with a train.py option other than"):
             options(bad)
+    with pytest.raises(common.UserError, match="'~hc=2' sets hc, which the name sets"):
+        options('lime~hc=2')  # a model option of the name's (nanolime/variants.py)
     for key in ('max_iters', 'lr_decay_iters', 'warmup_iters', 'decay_lr'):
         with pytest.raises(common.UserError, match=r"the schedule \(max_iters, lr_decay_iters, warmup_iters, "
                                                    r"decay_lr\) is the sweep's"):
@@ -683,3 +690,28 @@ def test_a_completep_variant_reaches_train_py(run_here, data_dir, tmp_path):
     args = torch.load(os.path.join(rows[variant]['out_dir'], 'ckpt.pt'), weights_only=True)['model_args']
     assert (args['depth_scaling'], args['depth_base'], args['n_layer'], args['lime']) == ('completep', 1, 2, True)
     assert rows['baseline']['status'] == rows[variant]['status']
+
+
+def test_a_rerun_on_other_data_is_refused_and_rows_carry_the_data(swept, run_here, capsys, tmp_path):
+    """The runs' results are those of the data they trained on: a rerun pointed at another dataset does not report
+    them as done (nor resume them on it); the same data in another place is the same data. sweep.csv names it."""
+    import prepare
+    from nanolime import data
+    root, args, _, _ = swept
+    data_dir = next(a for a in args if a.startswith('--data_dir='))[len('--data_dir='):]
+    rows = read_csv(os.path.join(root, 'sweep.csv'))
+    ident = data.data_id(os.path.join(data_dir, 'shakespeare_char'))
+    assert ident and {r['data'] for r in rows} == {ident}
+    moved = str(tmp_path / 'moved')
+    shutil.copytree(data_dir, moved)
+    same = copy_of(root, tmp_path, 'same')
+    assert run_here('sweep.py', *args, f'--out_dir={same}', f'--data_dir={moved}') == 0
+    assert '4 already done' in capsys.readouterr().out
+    other = str(tmp_path / 'other-data')
+    prepare.prepare_char(prepare.read_shakespeare()[:100_000], os.path.join(other, 'shakespeare_char'))
+    rerun = copy_of(root, tmp_path, 'rerun')
+    assert run_here('sweep.py', *args, f'--out_dir={rerun}', f'--data_dir={other}') == 1
+    out, err = capsys.readouterr()
+    assert '0 already done, 0 to evaluate, 0 to resume, 0 to start, 4 refused' in out
+    assert f"{rerun}/lime-L2-s1 was trained on other data (data {ident}; {other}/shakespeare_char is data " in err
+    assert [r['status'] for r in read_csv(os.path.join(rerun, 'sweep.csv'))] == ['done'] * 4  # kept, not replaced

@@ -217,8 +217,9 @@ def test_each_arm_s_best_setting_is_chosen_recorded_and_printed(capsys):
             row(2, 'baseline' + lr, 1, 2.2), row(2, 'lime', 0, 1.9), row(2, 'lime' + lr, 0, 1.0, budget=50),
             row(2, 'lime' + lr, 1, None, status='failed'), row(4, 'baseline', 0, 3.0), row(4, 'baseline' + lr, 0, 2.9)]
     best = sweep_report.best_of_arms(rows)
-    assert best == {(2, 'baseline'): ('baseline' + lr, pytest.approx(2.15), 2), (2, 'lime'): ('lime', 1.9, 1),
-                    (4, 'baseline'): ('baseline' + lr, 2.9, 1)}  # 2.15 < the mean of 2.0 and 2.4
+    assert best == {(2, 'baseline', None, None): ('baseline' + lr, pytest.approx(2.15), 2),
+                    (2, 'lime', None, None): ('lime', 1.9, 1),
+                    (4, 'baseline', None, None): ('baseline' + lr, 2.9, 1)}  # 2.15 < the mean of 2.0 and 2.4
     marks = [line.rsplit(',', 1)[1] for line in sweep_report.csv_text(rows).splitlines()[1:]]
     assert marks == ['False', 'False', 'True', 'True', 'True', '', '', 'False', 'True']
     variants = ['baseline', 'baseline' + lr, 'lime', 'lime' + lr]
@@ -302,3 +303,31 @@ def test_earlier_rows_are_typed_and_keep_their_columns(tmp_path):
     assert lines[0].split(',')[-3:] == ['best_of_arm', 'acc_1', 'majority_1']
     assert lines[1].endswith(',True,,') and lines[2].endswith(',True,0.5,0.25')
     assert sweep_report.earlier_rows(str(tmp_path / 'missing.csv'), new) == []
+
+
+def test_a_table_line_that_mixes_run_lengths_or_data_says_so(capsys):
+    """Seeds that ran different lengths (or on different data) are never averaged or paired without a mark."""
+    def row(variant, seed, loss, max_iters=100, data='d1'):
+        return dict(depth=2, variant=variant, seed=seed, status='done', budget=None, val_loss=loss, max_iters=max_iters,
+                    data=data, compute_multiplier=None, multiplier_note='')
+    rows = [row('baseline', 0, 2.0), row('baseline', 1, 2.1), row('lime', 0, 1.9), row('lime', 1, 1.5, max_iters=400),
+            row('hc', 0, 2.0), row('hc', 1, 1.9, data='d2'), row('mudd', 0, 2.0), row('mudd', 1, 2.05)]
+    sweep_report.print_table(rows, [2], ['baseline', 'lime', 'hc', 'mudd'], 'val_loss', 'final val loss')
+    out = capsys.readouterr().out.splitlines()
+    line = {v: next(l for l in out if re.match(rf'\s*2!?\s+{v}\s', l)) for v in ('baseline', 'lime', 'hc', 'mudd')}
+    assert '!' in line['lime'] and '!' in line['hc'] and '!' not in line['baseline'] and '!' not in line['mudd']
+    assert any(l.startswith('! ') and 'max_iters 100, 400' in l for l in out), out
+    assert any(l.startswith('! ') and 'data d1, d2' in l for l in out), out
+
+
+def test_best_of_arm_compares_runs_of_one_length_and_data():
+    def row(variant, seed, loss, max_iters=100, data='d1'):
+        return dict(depth=2, variant=variant, seed=seed, status='done', budget=None, val_loss=loss, max_iters=max_iters,
+                    data=data, compute_multiplier=None, multiplier_note='')
+    lr = '~learning_rate=4e-3'
+    rows = [row('lime', 0, 2.0), row('lime', 1, 2.0), row('lime' + lr, 0, 1.0, max_iters=400),
+            row('lime' + lr, 1, 1.1, max_iters=400)]
+    best = sweep_report.best_of_arms(rows)
+    assert best == {(2, 'lime', 100, 'd1'): ('lime', 2.0, 2), (2, 'lime', 400, 'd1'): ('lime' + lr, 1.05, 2)}
+    marks = [line.rsplit(',', 1)[1] for line in sweep_report.csv_text(rows).splitlines()[1:]]
+    assert marks == ['True'] * 4  # each the best of its own length: not one better than the other

@@ -484,7 +484,8 @@ def test_bad_config_file(tmp_path, data_dir, run_here):
 
 def test_total_batch_size_per_number_of_ranks(data_dir, run_here, monkeypatch):
     """The 1B config's 2M-token batch divides among 8 GPUs, not among 3: the error says so before any work."""
-    monkeypatch.setenv('WORLD_SIZE', '3')
+    for k, v in dict(RANK='0', LOCAL_RANK='0', WORLD_SIZE='3').items():  # rank 0 of 3, as torchrun starts it
+        monkeypatch.setenv(k, v)
     assert 'total_batch_size=2097152 is not a multiple of batch_size * block_size * world_size = 8 * 2048 * 3' in \
         error_of(run_here, 'train.py', os.path.join(REPO, 'config/train_fineweb_edu_1b.py'), f'--data_dir={data_dir}')
 
@@ -757,3 +758,23 @@ def test_attnres_query_lr_puts_the_pseudo_queries_in_their_own_group(data_dir, t
     peaks = {g['name']: (g['peak_lr'], g['weight_decay'], len(g['params'])) for g in adamw['param_groups']}
     assert peaks.pop('attn_res.query') == (5e-3, 0.0, 1)  # the one (2L, d) parameter, without decay
     assert {lr for lr, _, _ in peaks.values()} == {3e-3}  # everything else at learning_rate
+
+
+# --------------------------------------------------------------------------- the DDP environment: all of it or none
+@pytest.mark.parametrize('env, missing', [({'WORLD_SIZE': 2}, 'RANK and LOCAL_RANK'),
+                                          ({'RANK': 0, 'WORLD_SIZE': 2}, 'LOCAL_RANK'),
+                                          ({'RANK': 1}, 'LOCAL_RANK and WORLD_SIZE'),
+                                          ({'LOCAL_RANK': 0, 'RANK': 0}, 'WORLD_SIZE')])
+def test_a_half_set_ddp_environment_is_refused(env, missing, data_dir, tmp_path):
+    """World size and DDP come from the same variables, torchrun's three: some set and not all is one error (a shell
+    that exported WORLD_SIZE would otherwise count tokens of ranks that do not exist and halve the loss)."""
+    with pytest.raises(common.UserError, match=f"the DDP environment is half set: {missing} (is|are) missing"):
+        script_here('train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={tmp_path}/out', '--max_iters=1',
+                    env=env)
+    assert not os.path.exists(f'{tmp_path}/out')
+
+
+def test_a_half_set_ddp_environment_is_one_line_in_a_process(data_dir, tmp_path):
+    p = run('train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={tmp_path}/out', '--max_iters=1',
+            env={'WORLD_SIZE': 2})
+    fails(p, 'the DDP environment is half set: RANK and LOCAL_RANK are missing (WORLD_SIZE=2 is set)', 'torchrun')

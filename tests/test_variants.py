@@ -49,3 +49,26 @@ def test_variant_name_inverts_parse_variant():
         assert variants.variant_name(**opts) == name
     assert variants.variant_name() == 'baseline'
     assert variants.variant_name(router='first-2', router_init='identity') == 'baseline'  # router options need lime
+
+
+def test_a_name_has_one_meaning_whatever_the_order():
+    """Components commute: hc<N> gives mHC its streams whichever comes first (mhc alone: 4)."""
+    parse, plain = variants.parse_variant, variants.VARIANT_PLAIN
+    assert parse('hc8+mhc') == parse('mhc+hc8') == ({**plain, 'hc': 8, 'mhc': 'dynamic'}, {})
+    assert parse('mhc:static+hc2')[0] == parse('hc2+mhc:static')[0] == {**plain, 'hc': 2, 'mhc': 'static'}
+    assert parse('attnres+lime:first-2')[0] == parse('lime:first-2+attnres')[0]
+
+
+@pytest.mark.parametrize('bad, message', [
+    ('hc+hc8', "'hc8' repeats 'hc'"), ('hc8+hc', "'hc' repeats 'hc8'"),
+    ('attnres:block+attnres', "'attnres' repeats 'attnres:block'"), ('mhc:static+mhc', "'mhc' repeats 'mhc:static'"),
+    ('lime+lime', "'lime' repeats 'lime'"), ('baseline+lime', "'baseline' stands alone"),
+    ('lime:average~router=first-2', "'~router=first-2' sets router, which 'lime:average' sets"),
+    ('lime@identity~router_init=paper', "'~router_init=paper' sets router_init, which '@identity' sets"),
+    ('lime~lime=False', "'~lime=False' sets lime, which the name sets"),
+    ('mhc~hc=8', "'~hc=8' sets hc, which the name sets"),
+])
+def test_repeated_or_conflicting_components_are_refused(bad, message):
+    with pytest.raises(UserError, match=re.escape(f"variant '{bad}': {message}")) as e:
+        variants.parse_variant(bad)
+    assert '\n' not in str(e.value)
