@@ -319,7 +319,7 @@ def test_no_partial_folder_when_the_export_fails(runs, tmp_path, monkeypatch):
         raise OSError(28, 'No space left on device')
     monkeypatch.setattr(hf, 'char_tokenizer', fail)
     with pytest.raises(UserError, match=rf"^cannot write the export to --to={tmp_path}/x: no space left on device; "
-                                        "nothing was left there: free some space \(or fix the permissions\), then "
+                                        r"nothing was left there: free some space \(or fix the permissions\), then "
                                         "run again$"):
         script_here('integrations/export.py', f'--out_dir={runs("lime-gqa")}', f'--to={tmp_path}/x')
     assert os.listdir(tmp_path) == []  # neither the folder nor its temp copy
