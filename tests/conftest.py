@@ -108,6 +108,26 @@ def patched(patch):
     return [sys.executable, '-c', code]
 
 
+def interrupted(args, sig, after):
+    """train.py with `args` as a subprocess from the repository, sent `sig` once it prints a line starting with
+    `after` (or after 120 s): (exit status, its whole stdout, stderr)."""
+    import time
+    proc = subprocess.Popen([sys.executable, 'train.py', *args], cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        seen, deadline = [], time.time() + 120
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith(after) or time.time() > deadline:
+                break
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, ''.join(seen) + stdout, stderr
+
+
 def launch_ranks(cmd, *args, world=2, timeout=300):
     """A command started as torchrun starts its ranks on one machine (RANK, WORLD_SIZE, MASTER_* in the
     environment; gloo on a CPU), without torchrun's own process: the CompletedProcess of each rank."""

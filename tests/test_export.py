@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REPO, run, script_here
+from conftest import REPO, interrupted, run, script_here
 from nanolime import checkpoint
 from nanolime import data
 from nanolime.common import UserError
@@ -366,28 +366,14 @@ def make_llama(folder, data_dir, **kw):
 def test_sigterm_after_a_llama_import_prints_a_resume_command_that_works(tmp_path, data_dir, capsys):
     """SIGTERM stops a run imported from a Llama whose settings are not our defaults; the command it prints to go
     on (the same one, --init_from=resume in place of --init_from=hf:DIR) resumes it."""
-    from conftest import TINY_RUN, child_env, ckpt_of, REPO
+    from conftest import TINY_RUN, ckpt_of
     import signal
-    import subprocess
-    import time
     llama, out = make_llama(tmp_path / 'llama', data_dir), str(tmp_path / 'out')
     args = [*TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}', '--lr_decay_iters=100000',
             '--eval_interval=100000']
-    proc = subprocess.Popen([sys.executable, 'train.py', *args, f'--init_from=hf:{llama}', '--max_iters=100000'],
-                            cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        seen, deadline = [], time.time() + 120
-        for line in proc.stdout:
-            seen.append(line)
-            if line.startswith('iter 2:') or time.time() > deadline:
-                break
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    stdout = ''.join(seen) + stdout
-    assert proc.returncode == 130 and 'Traceback' not in stderr, stdout + stderr
+    code, stdout, stderr = interrupted([*args, f'--init_from=hf:{llama}', '--max_iters=100000'], signal.SIGTERM,
+                                       'iter 2:')
+    assert code == 130 and 'Traceback' not in stderr, stdout + stderr
     hint = [line for line in stdout.splitlines() if line.startswith('interrupted at iter')]
     assert len(hint) == 1 and '--init_from=resume' in hint[0], stdout
     ckpt = ckpt_of(out)

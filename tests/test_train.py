@@ -19,14 +19,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import types
 
 import pytest
 import torch
 import torch.distributed
 
-from conftest import (OPTIMIZERS, REPO, TINY_RUN, child_env, ckpt_of, error_of, fails, files, launch_ranks, log_iters,
+from conftest import (OPTIMIZERS, REPO, TINY_RUN, ckpt_of, error_of, fails, files, interrupted, launch_ranks, log_iters,
                       ok, patched, run, run_script, script_here, train)
 from nanolime import checkpoint
 from nanolime import common
@@ -639,23 +638,9 @@ def test_a_log_that_fell_behind_its_checkpoint_is_completed_on_resume(run_copy, 
 
 def test_sigint_saves_a_checkpoint_and_exits(data_dir, tmp_path, run_here, capsys):
     out = str(tmp_path)
-    proc = subprocess.Popen([sys.executable, 'train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}',
-                             '--max_iters=100000', '--lr_decay_iters=100000', '--eval_interval=100000'],
-                            cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        seen = []
-        deadline = time.time() + 120
-        for line in proc.stdout:
-            seen.append(line)
-            if line.startswith('iter 3:') or time.time() > deadline:
-                break
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    stdout = ''.join(seen) + stdout
-    assert proc.returncode == 130, stdout + stderr
+    code, stdout, stderr = interrupted([*TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=100000',
+                                        '--lr_decay_iters=100000', '--eval_interval=100000'], signal.SIGINT, 'iter 3:')
+    assert code == 130, stdout + stderr
     assert 'Traceback' not in stderr and 'SIGINT received' in stderr
     n = ckpt_of(out)['iter_num']
     assert n >= 3 and f'interrupted at iter {n}: checkpoint saved to' in stdout
