@@ -126,12 +126,12 @@ if decay_lr and lr_decay_iters <= warmup_iters:
 if lime and router == 'average' and router_init == 'identity':
     raise UserError("router_init='identity' has nothing to initialize with router='average' (fixed weights): use "
                     "router_init='paper' with it, or another router")
+if depth_scaling != 'standard' and optimizer != 'adamw':  # before Muon's torch check: no torch makes them combine
+    raise UserError(f"depth_scaling={depth_scaling!r} has AdamW's rules (CompleteP's Table 1), none for "
+                    f"optimizer={optimizer!r}: use optimizer='adamw' (or depth_scaling='standard')")
 if optimizer == 'muon' and not hasattr(torch.optim, 'Muon'):
     raise UserError(f"optimizer='muon' needs torch.optim.Muon, in torch 2.9 and newer (this is torch "
                     f"{torch.__version__}): upgrade torch, or use optimizer='adamw'")
-if depth_scaling != 'standard' and optimizer != 'adamw':
-    raise UserError(f"depth_scaling={depth_scaling!r} has AdamW's rules (CompleteP's Table 1), none for "
-                    f"optimizer={optimizer!r}: use optimizer='adamw' (or depth_scaling='standard')")
 if wandb_log and importlib.util.find_spec('wandb') is None:
     raise UserError("wandb_log=True but wandb is not installed: pip install wandb (or --wandb_log=False)")
 # DDP and the world size from the same variables: torchrun sets all three; a shell may have exported one of them
