@@ -367,8 +367,15 @@ class GPT(nn.Module):
         for router in (m for m in self.modules() if isinstance(m, Router)):
             router.reset_parameters()
 
-    def get_num_params(self):
-        return sum(p.numel() for p in self.parameters())  # a tied weight is counted once
+    def get_num_params(self, non_embedding=False):
+        """The parameter count (a tied weight counted once). non_embedding: less the token embedding and the
+        output layer (one matrix when tied), the count that scaling laws and tokens per parameter use."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wte.weight.numel()
+            if not self.config.tie_embeddings:
+                n -= self.lm_head.weight.numel()
+        return n
 
     def forward(self, idx, targets=None, cache=None):
         B, T = idx.shape

@@ -384,6 +384,7 @@ if not report_only:
 
 # ----------------------------------------------------------------------------- report
 rows, curves = [], {}  # curves: (depth, variant, seed) -> {iter: (flops, val loss)} of a finished run
+sizes = {}  # (depth, variant) -> non-embedding parameters, from its first finished run's checkpoint
 for run in runs:
     state_path = os.path.join(run['dir'], RUN_STATE)
     state, log = read_json(state_path), read_log(run['dir'])
@@ -396,6 +397,12 @@ for run in runs:
     iters = state.get('max_iters') if report_only else iters_of(run)
     finished = (state.get('status'), state.get('max_iters')) == ('done', iters)
     final = final_record(run['dir'], iters) if finished else None
+    if final and (run['depth'], run['variant']) not in sizes:
+        try:
+            sizes[run['depth'], run['variant']] = checkpoint.non_embedding_params(run['dir'])
+        except UserError:  # no checkpoint kept, or a damaged one: another seed's tells
+            pass
+    size = sizes.get((run['depth'], run['variant'])) if final else None
     status = run['status'] if 'error' in run else 'done' if final else state['status'] \
         if state.get('status') in ('failed', 'interrupted', 'unknown') else 'incomplete' if log else 'not run'
     rows.append({'depth': run['depth'], 'variant': run['variant'], 'seed': run['seed'], 'budget': run.get('budget'),
@@ -403,6 +410,7 @@ for run in runs:
                  **{k: state.get(k) for k in ('max_iters', 'lr_decay_iters', 'warmup_iters')},  # the schedule it ran
                  'data': state.get('data'),  # the identity of the data it trained on (data.data_id)
                  'tokens': final and final['tokens'], 'train_flops': final and final['flops'],
+                 'non_embedding_params': size, 'tokens_per_param': size and round(final['tokens'] / size, 3),
                  'val_loss': final and final['val_loss'], **dict.fromkeys(MULTIPLIERS),  # add_compute_multipliers's
                  'wall_time_s': round(state['wall_time_s'], 1) if 'wall_time_s' in state else None,
                  'out_dir': run['dir']})

@@ -42,10 +42,14 @@ def t_test_p(diffs):
     if n < 2:
         return math.nan
     m = sum(diffs) / n
-    se, nu = math.sqrt(sum((x - m) ** 2 for x in diffs) / (n - 1) / n), n - 1
-    if se == 0:  # no spread: t is infinite, or 0 / 0 when every difference is 0
-        return float(m == 0)
-    theta = math.atan(abs(m) / se / math.sqrt(nu))
+    se = math.sqrt(sum((x - m) ** 2 for x in diffs) / (n - 1) / n)
+    return t_p(m, se, n - 1)
+
+def t_p(estimate, se, nu):
+    """Two-sided p-value of estimate / se against Student's t with nu degrees of freedom (t_test_p's series)."""
+    if se == 0:  # no spread: t is infinite, or 0 / 0 when the estimate is 0
+        return float(estimate == 0)
+    theta = math.atan(abs(estimate) / se / math.sqrt(nu))
     c2, term, total, odd = math.cos(theta) ** 2, 1.0, 1.0, nu % 2
     for k in range(1, (nu - 1) // 2 if odd else nu // 2):  # term ratios: odd 2k / (2k+1), even (2k-1) / (2k)
         term *= c2 * (2 * k - 1 + odd) / (2 * k + odd)
@@ -53,6 +57,20 @@ def t_test_p(diffs):
     inside = 2 / math.pi * (theta + (nu > 1) * math.sin(theta) * math.cos(theta) * total) if odd else (
         math.sin(theta) * total)  # P(|T| < t)
     return max(0.0, 1.0 - inside)
+
+def slope_ci(xs, ys):
+    """Least-squares slope of ys on xs: (slope, half-width of its 95% t interval, two-sided p of a zero slope),
+    n - 2 degrees of freedom; the half-width and p are nan for fewer than 3 points. sweep.py's depth trend:
+    the paired differences of every seed and depth on log2(depth)."""
+    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    if n < 3:
+        return slope, math.nan, math.nan
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys))
+    se = math.sqrt(residual / (n - 2) / sxx)
+    t = T95[n - 3] if n <= 32 else 1.96 + 2.4 / (n - 2)
+    return slope, t * se, t_p(slope, se, n - 2)
 
 def sign_test_p(diffs):
     """Exact two-sided sign test: zero differences dropped, n left, k of them on the rarer side; under no
@@ -189,7 +207,7 @@ def csv_text(rows):
     return text.getvalue()
 
 CSV_NUMBERS = dict(depth=int, seed=int, budget=int, iters=int, max_iters=int, lr_decay_iters=int, warmup_iters=int,
-                   tokens=int, train_flops=int, val_loss=float, compute_multiplier=float, time_multiplier=float,
+                   tokens=int, train_flops=int, non_embedding_params=int, tokens_per_param=float, val_loss=float, compute_multiplier=float, time_multiplier=float,
                    wall_time_s=float)
 
 def parse_row(r):
@@ -260,8 +278,9 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
     last = 'vs majority baseline' if floor_column else f'compute multiplier (x {reference} FLOPs, {how}) | per CPU-s'
     print(f"\n{title}: mean ± 95% interval over seeds, difference to {reference} paired by seed\ntwo-sided p: "
           f"p_t paired t test, p_holm that Holm-adjusted over this table's {tests} "
-          f"t tests, p_sign exact sign test (ties dropped)\n{'depth':>5}  {'variant':<16} {'n':>2}  {column:<17}  "
-          f"{'vs ' + reference:<19} {'verdict':<22} {'p_t':<6} {'p_holm':<6} {'p_sign':<6} {last}\n" + '-' * 134)
+          f"t tests, p_sign exact sign test (ties dropped); tok/P tokens per non-embedding parameter\n"
+          f"{'depth':>5}  {'variant':<16} {'n':>2} {'tok/P':>6}  {column:<17}  "
+          f"{'vs ' + reference:<19} {'verdict':<22} {'p_t':<6} {'p_holm':<6} {'p_sign':<6} {last}\n" + '-' * 141)
     mixed = []  # the kinds of runs (max_iters, data) a line mixes: its seeds', and those it is paired with
     for d in depths:
         for v, mine in done[d].items():
@@ -271,7 +290,9 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
             mark = '!' if len(kinds) > 1 else ' '
             if len(kinds) > 1:
                 mixed.append((d, v, kinds))
-            line, extra = f"{d:>5}{mark} {v:<16} {len(mine):>2}  {m:.4f} ± {h:<8.4f}", ''
+            per_param = [r['tokens_per_param'] for r in mine.values() if r.get('tokens_per_param')]
+            per_param = f"{sum(per_param) / len(per_param):.2f}" if per_param else '–'
+            line, extra = f"{d:>5}{mark} {v:<16} {len(mine):>2} {per_param:>6}  {m:.4f} ± {h:<8.4f}", ''
             if (d, v) in diffs:
                 dm, dh = mean_ci(diffs[d, v])
                 star = '*' if len(diffs[d, v]) < len(mine) else ' '
@@ -290,7 +311,7 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
                 times = [r['time_multiplier'] for r in mults if r.get('time_multiplier') is not None]
                 if times:  # the same, per CPU-second (off wall times: a machine busy with more is noise here)
                     extra += " | {}{:.3f} ± {:.3f}".format(mark, *mean_ci(times))
-            print(f"{line:<110} {extra}".rstrip() if mine else f"{d:>5}  {v:<16}  0  (no finished runs)")
+            print(f"{line:<117} {extra}".rstrip() if mine else f"{d:>5}  {v:<16}  0  (no finished runs)")
     for d, v, kinds in mixed:
         lengths, data = sorted({k[0] for k in kinds}, key=str), sorted({k[1] for k in kinds}, key=str)
         print(f"! {d} layers, {v}: mixes runs of different " + ' and '.join(
@@ -298,6 +319,24 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
             + [f"data (data {', '.join(map(str, data))})"] * (len(data) > 1))
             + " (its seeds, or the reference's it is paired with): not one comparison; see sweep.csv's max_iters "
             "and data columns")
+
+def print_depth_trend(rows, depths, variants, column='val_loss'):
+    """Does a variant's difference to the reference change with depth? The slope of every seed's paired
+    difference on log2(depth), over the depths both finished, with its 95% interval and p (slope_ci)."""
+    reference, done = variants[0], {(r['depth'], r['variant'], r['seed']): r[column] for r in rows
+                                    if r['status'] == 'done' and r['budget'] is None}
+    lines = []
+    for v in variants[1:]:
+        pairs = [(math.log2(d), done[d, v, s] - done[d, reference, s]) for (d, w, s) in done
+                 if w == v and d in depths and (d, reference, s) in done]
+        if len({x for x, _ in pairs}) >= 2:
+            slope, half, p = slope_ci(*zip(*pairs))
+            lines.append(f"{v:<16} {slope:+.4f} ± {half:<8.4f} p {p:.3f}  ({len(pairs)} pairs over "
+                         f"{len({x for x, _ in pairs})} depths)")
+    if lines:
+        print(f"\n{column} - {reference}'s, paired by seed, against log2(depth): slope ± 95% interval (least "
+              "squares; below 0: the difference falls as depth doubles)")
+        print('\n'.join(lines))
 
 def print_report(rows, depths, variants, fits, n_budgets, tiers):
     """A sweep's tables: how many runs finished, the final val loss with the power laws fitted (fits:
@@ -307,6 +346,7 @@ def print_report(rows, depths, variants, fits, n_budgets, tiers):
     print_table(rows, depths, variants, 'val_loss', 'final val loss', n_budgets)
     print("* paired over the seeds both finished; the compute multiplier's interval is over seeds too (t)")
     print_fits(rows, fits, variants[0])
+    print_depth_trend(rows, depths, variants)
     best = {key: b for key, b in best_of_arms(rows).items()
             if sum(v.split('~')[0] == key[1] for v in variants) > 1}  # arms run in more than one setting
     if best:

@@ -319,6 +319,15 @@ def test_flops_count_matches_a_matmul_trace():
         assert counted == model.flops_per_token(16)
 
 
+@pytest.mark.parametrize('tied', [True, False])
+def test_non_embedding_parameters_leave_out_the_embedding_and_the_output_layer(tied):
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=50, lime=True,
+                          tie_embeddings=tied))
+    embeddings = 50 * 16 * (1 if tied else 2)  # wte, and lm_head when it is a matrix of its own
+    assert model.get_num_params() == sum(p.numel() for p in model.parameters())
+    assert model.get_num_params(non_embedding=True) == model.get_num_params() - embeddings
+
+
 def test_optimizer_groups_hold_every_parameter_once():
     for kw in [dict(lime=True, router="dynamic"), dict(hc=4, hc_dynamic=True), dict()]:
         model = build(**kw)

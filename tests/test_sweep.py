@@ -31,7 +31,7 @@ from nanolime import variants
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
         '--eval_iters=2', '--warmup_iters=1', '--log_interval=1', '--compile=False', '--dtype=float32']
 COLUMNS = ['depth', 'variant', 'seed', 'budget', 'status', 'iters', 'max_iters', 'lr_decay_iters', 'warmup_iters',
-           'data', 'tokens', 'train_flops', 'val_loss', 'compute_multiplier', 'multiplier_note', 'time_multiplier', 'wall_time_s',
+           'data', 'tokens', 'train_flops', 'non_embedding_params', 'tokens_per_param', 'val_loss', 'compute_multiplier', 'multiplier_note', 'time_multiplier', 'wall_time_s',
            'out_dir']
 
 
@@ -109,6 +109,16 @@ def test_end_to_end_csv_table_multiplier_bar_plot(swept):
             assert float(r['time_multiplier']) == pytest.approx(mult * int(r['train_flops']) / int(ref['train_flops'])
                                                                 * float(ref['wall_time_s']) / float(r['wall_time_s']))
     assert int(by['lime', 0]['train_flops']) > int(by['baseline', 0]['train_flops'])  # the routers' FLOPs
+    # tokens per non-embedding parameter: the model each run trained, less its (tied) embedding
+    from model import GPT, GPTConfig
+    vocab = torch.load(os.path.join(by['lime', 0]['out_dir'], 'ckpt.pt'), weights_only=True)['model_args']['vocab_size']
+    for v in ('baseline', 'lime'):
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=vocab, lime=v == 'lime'))
+        want = model.get_num_params() - vocab * 16
+        assert [int(by[v, s]['non_embedding_params']) for s in (0, 1)] == [want, want]
+        assert float(by[v, 0]['tokens_per_param']) == round(3 * 64 / want, 3)
+        assert re.match(rf"\s*2\s+{v}\s+2\s+{3 * 64 / want:.2f}\s", next(
+            l for l in stdout.splitlines() if re.match(rf'\s*2\s+{v}\s+2\s', l)))
     # the table: each variant's mean, the lime - baseline difference paired by seed, its interval (t, 1 df)
     line = next(l for l in stdout.splitlines() if re.match(r'\s*2\s+lime\s+2\s', l))
     diffs = [float(by['lime', s]['val_loss']) - float(by['baseline', s]['val_loss']) for s in (0, 1)]

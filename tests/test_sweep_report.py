@@ -110,6 +110,41 @@ def test_paired_t_test_p_by_hand():
     assert t_test_p([0.1, 0.1, 0.1]) == 0.0 and t_test_p([0.0, 0.0]) == 1.0  # no spread
 
 
+def test_t_p_at_the_table_s_quantiles():
+    """P(|T| >= t_0.975) = 0.05 for every tabulated degree of freedom (the table is rounded to 3 decimals)."""
+    for nu, t in enumerate(sweep_report.T95, 1):
+        assert sweep_report.t_p(t * 0.5, 0.5, nu) == pytest.approx(0.05, abs=2e-4)
+
+
+def test_slope_and_its_interval_against_the_normal_equations():
+    """Paired differences at 8, 16, 32 and 64 layers against log2(depth); the slope and its standard error from
+    the normal equations in numpy: (X'X)^-1 X'y and sqrt(s^2 (X'X)^-1[1, 1]), s^2 = residuals^2 / (n - 2)."""
+    import numpy as np
+    xs = [3.0, 3.0, 3.0, 4.0, 4.0, 4.0, 5.0, 5.0, 6.0, 6.0]
+    ys = [0.01, -0.02, 0.00, -0.01, -0.03, 0.02, -0.04, -0.02, -0.05, -0.03]
+    X = np.stack([np.ones(len(xs)), xs], 1)
+    beta = np.linalg.solve(X.T @ X, X.T @ np.array(ys))
+    s2 = float(((np.array(ys) - X @ beta) ** 2).sum()) / (len(xs) - 2)
+    se = math.sqrt(s2 * np.linalg.inv(X.T @ X)[1, 1])
+    slope, half, p = sweep_report.slope_ci(xs, ys)
+    assert slope == pytest.approx(beta[1]) and half == pytest.approx(2.306 * se)  # t, 8 df
+    assert p == pytest.approx(sweep_report.t_p(beta[1], se, 8)) and 0 < p < 0.05 < sweep_report.t_p(beta[1], se * 2, 8)
+    assert sweep_report.slope_ci([1.0, 2.0], [0.0, 1.0])[0] == 1.0 and math.isnan(sweep_report.slope_ci([1.0, 2.0], [0.0, 1.0])[1])
+
+
+def test_the_depth_trend_is_printed_from_the_paired_differences(capsys):
+    """LIMe - baseline per seed: -0.01 x depth doublings plus a seed offset; one seed of LIMe at 32 layers has no
+    baseline and is left out."""
+    rows = [row(d, 'baseline', s, 2.0 + 0.1 * s) for d in (8, 16, 32) for s in (0, 1)]
+    diffs = {(d, s): -0.01 * math.log2(d) + 0.003 * s for d in (8, 16, 32) for s in (0, 1)}
+    rows += [row(d, 'lime', s, 2.0 + 0.1 * s + x) for (d, s), x in diffs.items()] + [row(32, 'lime', 2, 9.0)]
+    sweep_report.print_depth_trend(rows, [8, 16, 32], ['baseline', 'lime'])
+    out = capsys.readouterr().out
+    want = sweep_report.slope_ci([math.log2(d) for d, _ in diffs], list(diffs.values()))
+    assert want[0] == pytest.approx(-0.01)
+    assert re.search(rf"lime\s+{want[0]:+.4f} ± {want[1]:.4f}\s+p {want[2]:.3f}\s+\(6 pairs over 3 depths\)", out), out
+
+
 def test_sign_test_by_hand():
     sign = sweep_report.sign_test_p
     assert sign([0.1, 0.2, 0.3, 0.1, 0.2]) == 0.0625  # 5 of 5: 2 * (1/2)^5
@@ -202,7 +237,7 @@ def test_report_prints_the_runs_finished_the_loss_then_a_table_per_tier(capsys):
     titles = [line.split(':')[0] for line in out.splitlines() if ': mean ± 95% interval' in line]
     assert out.startswith('\n4/5 runs finished\n') and titles == ['final val loss', 'test accuracy, 2 operators']
     assert "> a lower bound: baseline never got to that loss" in out  # no fits: what '>' means
-    assert re.search(r'\n\s+2\s+lime\s+1\s+0\.6000 .* 0\.2500: no interval \(one seed\)\n', out)  # vs the majority
+    assert re.search(r'\n\s+2\s+lime\s+1\s+–\s+0\.6000 .* 0\.2500: no interval \(one seed\)\n', out)  # vs the majority
 
 
 def test_each_arm_s_best_setting_is_chosen_recorded_and_printed(capsys):
