@@ -37,7 +37,7 @@ from nanolime import checkpoint
 from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, read_log, writable_dir
 from nanolime.data import arithmetic_tiers, data_id, dataset_dir
 from nanolime.sweep_report import (MULTIPLIERS, add_compute_multipliers, add_tier_columns, csv_text, earlier_rows,
-                                   fit_power_law, plot_sweep, print_report, reference_ends)
+                                   fit_power_law, plot_lr_sweep, plot_sweep, print_report, reference_ends)
 from nanolime.variants import VARIANT_PLAIN, parse_variant
 
 # -----------------------------------------------------------------------------
@@ -384,7 +384,7 @@ if not report_only:
 
 # ----------------------------------------------------------------------------- report
 rows, curves = [], {}  # curves: (depth, variant, seed) -> {iter: (flops, val loss)} of a finished run
-sizes = {}  # (depth, variant) -> non-embedding parameters, from its first finished run's checkpoint
+summaries = {}  # (depth, variant) -> checkpoint.run_summary of its first finished run
 for run in runs:
     state_path = os.path.join(run['dir'], RUN_STATE)
     state, log = read_json(state_path), read_log(run['dir'])
@@ -397,12 +397,13 @@ for run in runs:
     iters = state.get('max_iters') if report_only else iters_of(run)
     finished = (state.get('status'), state.get('max_iters')) == ('done', iters)
     final = final_record(run['dir'], iters) if finished else None
-    if final and (run['depth'], run['variant']) not in sizes:
+    if final and (run['depth'], run['variant']) not in summaries:
         try:
-            sizes[run['depth'], run['variant']] = checkpoint.non_embedding_params(run['dir'])
+            summaries[run['depth'], run['variant']] = checkpoint.run_summary(run['dir'])
         except UserError:  # no checkpoint kept, or a damaged one: another seed's tells
             pass
-    size = sizes.get((run['depth'], run['variant'])) if final else None
+    summary = summaries.get((run['depth'], run['variant']), {}) if final else {}
+    size = summary.get('non_embedding_params')
     status = run['status'] if 'error' in run else 'done' if final else state['status'] \
         if state.get('status') in ('failed', 'interrupted', 'unknown') else 'incomplete' if log else 'not run'
     rows.append({'depth': run['depth'], 'variant': run['variant'], 'seed': run['seed'], 'budget': run.get('budget'),
@@ -410,7 +411,8 @@ for run in runs:
                  **{k: state.get(k) for k in ('max_iters', 'lr_decay_iters', 'warmup_iters')},  # the schedule it ran
                  'data': state.get('data'),  # the identity of the data it trained on (data.data_id)
                  'tokens': final and final['tokens'], 'train_flops': final and final['flops'],
-                 'non_embedding_params': size, 'tokens_per_param': size and round(final['tokens'] / size, 3),
+                 'learning_rate': summary.get('learning_rate'), 'non_embedding_params': size,
+                 'tokens_per_param': size and round(final['tokens'] / size, 3),
                  'val_loss': final and final['val_loss'], **dict.fromkeys(MULTIPLIERS),  # add_compute_multipliers's
                  'wall_time_s': round(state['wall_time_s'], 1) if 'wall_time_s' in state else None,
                  'out_dir': run['dir']})
@@ -435,6 +437,8 @@ print(f"CSV: {csv_path}")
 if plot and curves:
     plot_sweep(os.path.join(out_dir, 'sweep.png'), curves, depth_list, variant_list, fits, rows)
     print(f"plot: {os.path.join(out_dir, 'sweep.png')}")
+    if plot_lr_sweep(os.path.join(out_dir, 'sweep_lr.png'), rows, depth_list):
+        print(f"plot: {os.path.join(out_dir, 'sweep_lr.png')}")
 
 if failed:
     print(f"\n{len(failed)} run(s) failed:", file=sys.stderr)

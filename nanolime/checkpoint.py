@@ -296,10 +296,13 @@ def load_model(path, device='cpu'):
     return model.eval().to(device), ckpt
 
 
-def non_embedding_params(path):
-    """model.get_num_params(non_embedding=True) of the model an out_dir's checkpoint holds, counted by building
-    it from its options on the meta device; UserError as load_checkpoint's."""
+def run_summary(path):
+    """{'non_embedding_params': model.get_num_params(non_embedding=True), 'learning_rate': the peak lr it trained
+    with} of the run an out_dir's checkpoint holds; the model is built from its options on the meta device.
+    UserError as load_checkpoint's."""
     from relatives import RelativesConfig, build_model
     ckpt = load_checkpoint(os.path.join(path, CKPT_NAME) if os.path.isdir(path) else path)
     with torch.device('meta'):
-        return build_model(RelativesConfig(**ckpt['model_args'])).get_num_params(non_embedding=True)
+        model = build_model(RelativesConfig(**ckpt['model_args']))
+    return {'non_embedding_params': model.get_num_params(non_embedding=True),
+            'learning_rate': ckpt['config'].get('learning_rate')}

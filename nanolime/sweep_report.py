@@ -207,7 +207,7 @@ def csv_text(rows):
     return text.getvalue()
 
 CSV_NUMBERS = dict(depth=int, seed=int, budget=int, iters=int, max_iters=int, lr_decay_iters=int, warmup_iters=int,
-                   tokens=int, train_flops=int, non_embedding_params=int, tokens_per_param=float, val_loss=float, compute_multiplier=float, time_multiplier=float,
+                   tokens=int, train_flops=int, learning_rate=float, non_embedding_params=int, tokens_per_param=float, val_loss=float, compute_multiplier=float, time_multiplier=float,
                    wall_time_s=float)
 
 def parse_row(r):
@@ -401,3 +401,44 @@ def plot_sweep(path, curves, depths, variants, fits, rows):
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+def lr_setting(variant):
+    """A variant name without its learning rates (~learning_rate=, ~min_lr=): the setting an lr sweep varies them in."""
+    return '~'.join(part for part in variant.split('~') if not part.startswith(('learning_rate=', 'min_lr=')))
+
+def plot_lr_sweep(path, rows, depths):
+    """Final val loss against the learning rate, a panel per setting (lr_setting) run at two lrs or more, a line
+    per depth (mean over seeds, 95% interval), each depth's best lr ringed: does the optimum stay put as depth
+    grows? rows: sweep.csv's, with learning_rate (the run's own, from its checkpoint). Returns {(setting, depth):
+    its best lr}; {} (and no plot) if no setting has two lrs."""
+    done = [r for r in rows if r['status'] == 'done' and r['budget'] is None and r.get('learning_rate')]
+    settings = {}
+    for r in done:
+        settings.setdefault(lr_setting(r['variant']), set()).add(r['learning_rate'])
+    settings = [s for s, lrs in settings.items() if len(lrs) > 1]
+    if not settings:
+        return {}
+    import matplotlib  # only here: plot=False needs no matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    best_lrs = {}
+    fig, axes = plt.subplots(1, len(settings), figsize=(4.6 * len(settings), 4.2), squeeze=False)
+    for ax, setting in zip(axes[0], settings):
+        for d in depths:
+            by_lr = {}
+            for r in done:
+                if r['depth'] == d and lr_setting(r['variant']) == setting:
+                    by_lr.setdefault(r['learning_rate'], []).append(r['val_loss'])
+            if by_lr:
+                lrs = sorted(by_lr)
+                m, h = zip(*(mean_ci(by_lr[lr]) for lr in lrs))
+                line = ax.errorbar(lrs, m, h, marker='o', capsize=3, label=f"{d} layers")
+                best = min(range(len(lrs)), key=lambda i: m[i])
+                ax.plot(lrs[best], m[best], 'o', ms=12, mfc='none', color=line[0].get_color())
+                best_lrs[setting, d] = lrs[best]
+        ax.set(xscale='log', xlabel='learning rate', ylabel='final val loss', title=setting)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return best_lrs

@@ -91,7 +91,7 @@ def family(model_args):
     if a.get('attnres'):
         parts.append(f"AttnRes-{a['attnres']}")
     if a.get('mudd'):
-        parts.append('MUDD')
+        parts.append('MUDD-PrePostDANorm' if a.get('mudd_prepost') else 'MUDD')
     if a.get('moda'):
         parts.append('MoDA')
     depth = f" (CompleteP, L_base={a.get('depth_base')})" if a.get('depth_scaling', 'standard') != 'standard' else ''

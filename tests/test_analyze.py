@@ -166,6 +166,7 @@ def test_relatives_runs_are_named_and_analysed_through_their_stream(tmp_path, an
     assert analyze.family({'lime': True, 'hc': 4}) == 'LIMe+HC' and analyze.family({'denseformer': True}) == 'DenseFormer'
     assert analyze.family({'lime': True, 'router': 'first-2', 'hc': 4, 'mhc': 'dynamic'}) == 'LIMe-first-2+mHC-dynamic'
     assert analyze.family({'lime': False}) == 'LLaMA' and analyze.family({'lime': True, 'mudd': True}) == 'LIMe+MUDD'
+    assert analyze.family({'mudd': True, 'mudd_prepost': True}) == 'MUDD-PrePostDANorm'
     meta = make_dataset(tmp_path / 'data')
     args = dict(block_size=64, vocab_size=meta['vocab_size'], n_layer=2, n_head=4, n_embd=32, **{'lime': False, **kw})
     save_run(tmp_path / 'out-rel', args, 'tiny_char', compiled_prefix=False, meta=meta)

@@ -31,7 +31,7 @@ from nanolime import variants
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
         '--eval_iters=2', '--warmup_iters=1', '--log_interval=1', '--compile=False', '--dtype=float32']
 COLUMNS = ['depth', 'variant', 'seed', 'budget', 'status', 'iters', 'max_iters', 'lr_decay_iters', 'warmup_iters',
-           'data', 'tokens', 'train_flops', 'non_embedding_params', 'tokens_per_param', 'val_loss', 'compute_multiplier', 'multiplier_note', 'time_multiplier', 'wall_time_s',
+           'data', 'tokens', 'train_flops', 'learning_rate', 'non_embedding_params', 'tokens_per_param', 'val_loss', 'compute_multiplier', 'multiplier_note', 'time_multiplier', 'wall_time_s',
            'out_dir']
 
 
@@ -117,6 +117,7 @@ def test_end_to_end_csv_table_multiplier_bar_plot(swept):
         want = model.get_num_params() - vocab * 16
         assert [int(by[v, s]['non_embedding_params']) for s in (0, 1)] == [want, want]
         assert float(by[v, 0]['tokens_per_param']) == round(3 * 64 / want, 3)
+        assert float(by[v, 1]['learning_rate']) == 2e-3  # train.py's default: the sweep sets none
         assert re.match(rf"\s*2\s+{v}\s+2\s+{3 * 64 / want:.2f}\s", next(
             l for l in stdout.splitlines() if re.match(rf'\s*2\s+{v}\s+2\s', l)))
     # the table: each variant's mean, the lime - baseline difference paired by seed, its interval (t, 1 df)

@@ -283,6 +283,23 @@ def test_the_plot_marks_the_reference_s_final_losses(tmp_path):
     assert (tmp_path / 'sweep.png').stat().st_size > 0
 
 
+def test_the_lr_plot_finds_each_depth_s_best_learning_rate(tmp_path):
+    """Two settings of LIMe (standard, CompleteP) at lr 1e-3, 2e-3, 4e-3 and 2 depths, 2 seeds each: loss
+    (lr - best)^2 around a best lr of 2e-3 at 4 layers and 4e-3 at 8 (standard), 2e-3 at both (CompleteP)."""
+    pytest.importorskip('matplotlib')
+    assert sweep_report.lr_setting('lime~learning_rate=2e-3~min_lr=2e-4~depth_base=4') == 'lime~depth_base=4'
+    best = {('lime', 4): 2e-3, ('lime', 8): 4e-3, ('lime~depth_scaling=completep', 4): 2e-3,
+            ('lime~depth_scaling=completep', 8): 2e-3}
+    rows = [dict(row(d, f"{arm.split('~')[0]}~learning_rate={lr}~min_lr={lr / 10}" + arm[4:], s,
+                     2.0 + 1e5 * (lr - b) ** 2 + 0.001 * s), learning_rate=lr)
+            for (arm, d), b in best.items() for lr in (1e-3, 2e-3, 4e-3) for s in (0, 1)]
+    rows.append(dict(row(8, 'baseline', 0, 1.0), learning_rate=1e-3))  # one lr: not a setting of the plot
+    assert sweep_report.plot_lr_sweep(str(tmp_path / 'lr.png'), rows, [4, 8]) == best
+    assert (tmp_path / 'lr.png').stat().st_size > 0
+    assert sweep_report.plot_lr_sweep(str(tmp_path / 'none.png'), rows[-1:], [8]) == {}
+    assert not (tmp_path / 'none.png').exists()
+
+
 def test_per_cpu_second_multiplier_by_hand(capsys):
     """Reference curve (100, 3.0), (200, 2.0) FLOPs per seed; lime ends at 2.0 having spent 100 FLOPs (x 2.0 per
     FLOP). The reference took 10 s for 200 FLOPs (0.05 s per FLOP), lime 8 s: the reference reaches 2.0 in
