@@ -437,6 +437,9 @@ def plot_lr_sweep(path, rows, depths):
                 ax.plot(lrs[best], m[best], 'o', ms=12, mfc='none', color=line[0].get_color())
                 best_lrs[setting, d] = lrs[best]
         ax.set(xscale='log', xlabel='learning rate', ylabel='final val loss', title=setting)
+        lrs = sorted({r['learning_rate'] for r in done if lr_setting(r['variant']) == setting})
+        ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
