@@ -200,6 +200,23 @@ def test_table_shows_the_p_values_holm_over_the_table(capsys):
         assert line[key].index('0.', header.index('p_holm')) == header.index('p_holm')
 
 
+
+def test_columns_line_up_under_a_long_variant_name(capsys):
+    """A variant name longer than the column's 16 characters widens the column: every line's numbers stay
+    under their headers, the reference's and the long name's alike."""
+    long = 'mudd:prepost~learning_rate=4e-3~min_lr=4e-4'
+    rows = [row(16, 'baseline', s, 2.0 + 0.1 * s) for s in range(3)]
+    rows += [row(16, long, s, 1.95 + 0.1 * s + 0.01 * s * s) for s in range(3)]
+    sweep_report.print_table(rows, [16], ['baseline', long], 'val_loss', 'final val loss')
+    out = capsys.readouterr().out.splitlines()
+    header = next(l for l in out if l.startswith('depth'))
+    lines = [l for l in out if re.match(r'\s*16\s', l)]
+    assert len(lines) == 2
+    for l in lines:
+        assert l.index(' 3 ') + 1 == header.index(' n ') + 1, (header, l)  # n under n
+        assert re.match(r'2\.\d{4} ± ', l[header.index('val_loss'):]), (header, l)  # the loss under its header
+    assert re.match(r'[+-]0\.\d{4} ± ', lines[1][header.index('vs baseline'):]), (header, lines[1])
+
 def scored_rows():
     """2 layers, 2 seeds: the reference (baseline) at max_iters and at a budget of 50 iterations, LIMe finished in
     seed 0 and failed in seed 1; the finished runs at max_iters scored on tier 2 of the arithmetic task."""
