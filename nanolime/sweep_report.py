@@ -280,7 +280,7 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
           f"p_t paired t test, p_holm that Holm-adjusted over this table's {tests} "
           f"t tests, p_sign exact sign test (ties dropped); tok/P tokens per non-embedding parameter\n"
           f"{'depth':>5}  {'variant':<{w}} {'n':>2} {'tok/P':>6}  {column:<17}  "
-          f"{'vs ' + reference:<19} {'verdict':<22} {'p_t':<6} {'p_holm':<6} {'p_sign':<6} {last}\n" + '-' * (125 + w))
+          f"{'vs reference':<19} {'verdict':<22} {'p_t':<6} {'p_holm':<6} {'p_sign':<6} {last}\n" + '-' * (125 + w))
     mixed = []  # the kinds of runs (max_iters, data) a line mixes: its seeds', and those it is paired with
     for d in depths:
         for v, mine in done[d].items():
@@ -323,16 +323,16 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
 def print_depth_trend(rows, depths, variants, column='val_loss'):
     """Does a variant's difference to the reference change with depth? The slope of every seed's paired
     difference on log2(depth), over the depths both finished, with its 95% interval and p (slope_ci)."""
-    reference, w = variants[0], max([16] + [len(v) for v in variants[1:]])
+    reference, width = variants[0], max([16] + [len(v) for v in variants[1:]])
     done = {(r['depth'], r['variant'], r['seed']): r[column] for r in rows
-                                    if r['status'] == 'done' and r['budget'] is None}
+            if r['status'] == 'done' and r['budget'] is None}
     lines = []
     for v in variants[1:]:
         pairs = [(math.log2(d), done[d, v, s] - done[d, reference, s]) for (d, w, s) in done
                  if w == v and d in depths and (d, reference, s) in done]
         if len({x for x, _ in pairs}) >= 2:
             slope, half, p = slope_ci(*zip(*pairs))
-            lines.append(f"{v:<{w}} {slope:+.4f} ± {half:<8.4f} p {p:.3f}  ({len(pairs)} pairs over "
+            lines.append(f"{v:<{width}} {slope:+.4f} ± {half:<8.4f} p {p:.3f}  ({len(pairs)} pairs over "
                          f"{len({x for x, _ in pairs})} depths)")
     if lines:
         print(f"\n{column} - {reference}'s, paired by seed, against log2(depth): slope ± 95% interval (least "

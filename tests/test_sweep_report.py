@@ -200,14 +200,13 @@ def test_table_shows_the_p_values_holm_over_the_table(capsys):
         assert line[key].index('0.', header.index('p_holm')) == header.index('p_holm')
 
 
-
 def test_columns_line_up_under_a_long_variant_name(capsys):
-    """A variant name longer than the column's 16 characters widens the column: every line's numbers stay
-    under their headers, the reference's and the long name's alike."""
-    long = 'mudd:prepost~learning_rate=4e-3~min_lr=4e-4'
-    rows = [row(16, 'baseline', s, 2.0 + 0.1 * s) for s in range(3)]
+    """Variant names longer than the column's 16 characters widen the column: every line's numbers stay
+    under their headers, the reference's and the other's alike."""
+    ref, long = 'baseline~learning_rate=4e-3~min_lr=4e-4', 'mudd:prepost~learning_rate=4e-3~min_lr=4e-4'
+    rows = [row(16, ref, s, 2.0 + 0.1 * s) for s in range(3)]
     rows += [row(16, long, s, 1.95 + 0.1 * s + 0.01 * s * s) for s in range(3)]
-    sweep_report.print_table(rows, [16], ['baseline', long], 'val_loss', 'final val loss')
+    sweep_report.print_table(rows, [16], [ref, long], 'val_loss', 'final val loss')
     out = capsys.readouterr().out.splitlines()
     header = next(l for l in out if l.startswith('depth'))
     lines = [l for l in out if re.match(r'\s*16\s', l)]
@@ -215,7 +214,9 @@ def test_columns_line_up_under_a_long_variant_name(capsys):
     for l in lines:
         assert l.index(' 3 ') + 1 == header.index(' n ') + 1, (header, l)  # n under n
         assert re.match(r'2\.\d{4} ± ', l[header.index('val_loss'):]), (header, l)  # the loss under its header
-    assert re.match(r'[+-]0\.\d{4} ± ', lines[1][header.index('vs baseline'):]), (header, lines[1])
+    assert re.match(r'[+-]0\.\d{4} ± ', lines[1][header.index('vs reference'):]), (header, lines[1])
+    assert re.match(r'inside seed noise', lines[1][header.index('verdict'):]), (header, lines[1])
+
 
 def scored_rows():
     """2 layers, 2 seeds: the reference (baseline) at max_iters and at a budget of 50 iterations, LIMe finished in
