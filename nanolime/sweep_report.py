@@ -265,7 +265,7 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
     variant) with its interval, verdict and p-values (t test, Holm-adjusted over every comparison of the table,
     sign test); then the compute multiplier, or how the mean compares with a floor (the majority baseline).
     rows: sweep.csv's rows as sweep.py builds them (numbers, None where empty)."""
-    reference, w = variants[0], max([16] + [len(v) for v in variants])  # w: the variant column's width
+    reference, width = variants[0], max([16] + [len(v) for v in variants])  # width: the variant column's
     done = {d: {v: {r['seed']: r for r in rows if (r['depth'], r['variant'], r['status'], r['budget'])
                     == (d, v, 'done', None)} for v in variants} for d in depths}
     diffs = {(d, v): [done[d][v][s][column] - done[d][reference][s][column] for s in done[d][v]
@@ -279,8 +279,8 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
     print(f"\n{title}: mean ± 95% interval over seeds, difference to {reference} paired by seed\ntwo-sided p: "
           f"p_t paired t test, p_holm that Holm-adjusted over this table's {tests} "
           f"t tests, p_sign exact sign test (ties dropped); tok/P tokens per non-embedding parameter\n"
-          f"{'depth':>5}  {'variant':<{w}} {'n':>2} {'tok/P':>6}  {column:<17}  "
-          f"{'vs reference':<19} {'verdict':<22} {'p_t':<6} {'p_holm':<6} {'p_sign':<6} {last}\n" + '-' * (125 + w))
+          f"{'depth':>5}  {'variant':<{width}} {'n':>2} {'tok/P':>6}  {column:<17}  "
+          f"{'vs reference':<19} {'verdict':<22} {'p_t':<6} {'p_holm':<6} {'p_sign':<6} {last}\n" + '-' * (125 + width))
     mixed = []  # the kinds of runs (max_iters, data) a line mixes: its seeds', and those it is paired with
     for d in depths:
         for v, mine in done[d].items():
@@ -292,7 +292,7 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
                 mixed.append((d, v, kinds))
             per_param = [r['tokens_per_param'] for r in mine.values() if r.get('tokens_per_param')]
             per_param = f"{sum(per_param) / len(per_param):.2f}" if per_param else '–'
-            line, extra = f"{d:>5}{mark} {v:<{w}} {len(mine):>2} {per_param:>6}  {m:.4f} ± {h:<8.4f}", ''
+            line, extra = f"{d:>5}{mark} {v:<{width}} {len(mine):>2} {per_param:>6}  {m:.4f} ± {h:<8.4f}", ''
             if (d, v) in diffs:
                 dm, dh = mean_ci(diffs[d, v])
                 star = '*' if len(diffs[d, v]) < len(mine) else ' '
@@ -311,7 +311,7 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
                 times = [r['time_multiplier'] for r in mults if r.get('time_multiplier') is not None]
                 if times:  # the same, per CPU-second (off wall times: a machine busy with more is noise here)
                     extra += " | {}{:.3f} ± {:.3f}".format(mark, *mean_ci(times))
-            print(f"{line:<{101 + w}} {extra}".rstrip() if mine else f"{d:>5}  {v:<{w}}  0  (no finished runs)")
+            print(f"{line:<{101 + width}} {extra}".rstrip() if mine else f"{d:>5}  {v:<{width}}  0  (no finished runs)")
     for d, v, kinds in mixed:
         lengths, data = sorted({k[0] for k in kinds}, key=str), sorted({k[1] for k in kinds}, key=str)
         print(f"! {d} layers, {v}: mixes runs of different " + ' and '.join(
