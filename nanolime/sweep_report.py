@@ -207,8 +207,8 @@ def csv_text(rows):
     return text.getvalue()
 
 CSV_NUMBERS = dict(depth=int, seed=int, budget=int, iters=int, max_iters=int, lr_decay_iters=int, warmup_iters=int,
-                   tokens=int, train_flops=int, learning_rate=float, non_embedding_params=int, tokens_per_param=float, val_loss=float, compute_multiplier=float, time_multiplier=float,
-                   wall_time_s=float)
+                   tokens=int, train_flops=int, learning_rate=float, non_embedding_params=int, tokens_per_param=float,
+                   val_loss=float, compute_multiplier=float, time_multiplier=float, wall_time_s=float)
 
 def parse_row(r):
     """A row read from sweep.csv with its numbers as sweep.py has them (None where empty; acc_<N> and
@@ -276,9 +276,11 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
     fmt = lambda p: '' if math.isnan(p) else f"{p:.3f}" if p >= 0.001 else '<0.001'
     how = f"fitted over {n_budgets} budgets" if n_budgets else 'off its training curve'
     last = 'vs majority baseline' if floor_column else f'compute multiplier (x {reference} FLOPs, {how}) | per CPU-s'
+    holm_over = (f"p_holm that Holm-adjusted over this table's {tests} t tests" if tests else
+                 "p_holm that Holm-adjusted (no row here has two paired seeds: no t test)")
     print(f"\n{title}: mean ± 95% interval over seeds, difference to {reference} paired by seed\ntwo-sided p: "
-          f"p_t paired t test, p_holm that Holm-adjusted over this table's {tests} "
-          f"t tests, p_sign exact sign test (ties dropped); tok/P tokens per non-embedding parameter\n"
+          f"p_t paired t test, {holm_over}, p_sign exact sign test (ties dropped); tok/P tokens per "
+          f"non-embedding parameter\n"
           f"{'depth':>5}  {'variant':<{width}} {'n':>2} {'tok/P':>6}  {column:<17}  "
           f"{'vs reference':<19} {'verdict':<22} {'p_t':<6} {'p_holm':<6} {'p_sign':<6} {last}\n" + '-' * (125 + width))
     mixed = []  # the kinds of runs (max_iters, data) a line mixes: its seeds', and those it is paired with

@@ -200,6 +200,19 @@ def test_table_shows_the_p_values_holm_over_the_table(capsys):
         assert line[key].index('0.', header.index('p_holm')) == header.index('p_holm')
 
 
+def test_a_table_of_one_seed_per_row_says_it_has_no_t_test(capsys):
+    """An lr sweep on one seed: no row has two paired seeds, so the header says there is no t test
+    instead of counting zero of them, and no row prints a p_t or p_holm."""
+    rows = [row(8, 'baseline', 20, 2.04), row(8, 'lime', 20, 2.05), row(16, 'baseline', 20, 2.0), row(16, 'lime', 20, 1.98)]
+    sweep_report.print_table(rows, [8, 16], ['baseline', 'lime'], 'val_loss', 'final val loss')
+    out = capsys.readouterr().out
+    assert "no row here has two paired seeds: no t test" in out
+    assert "0 t tests" not in out
+    for l in out.splitlines():
+        if re.match(r'\s*\d+\s+lime', l):
+            assert re.search(r'no interval \(one seed\)\s+1\.000$', l), l
+
+
 def test_columns_line_up_under_a_long_variant_name(capsys):
     """Variant names longer than the column's 16 characters widen the column: every line's numbers stay
     under their headers, the reference's and the other's alike."""
