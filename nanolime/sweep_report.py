@@ -425,9 +425,14 @@ def plot_lr_sweep(path, rows, depths):
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     best_lrs = {}
-    fig, axes = plt.subplots(1, len(settings), figsize=(4.6 * len(settings), 4.2), squeeze=False)
-    for ax, setting in zip(axes[0], settings):
-        for d in depths:
+    ncols = math.ceil(len(settings) / math.ceil(len(settings) / 3))  # at most 3 a row; 4 panels as 2 x 2
+    nrows = math.ceil(len(settings) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 4.2 * nrows), squeeze=False)
+    for ax in axes.flat[len(settings):]:
+        ax.set_visible(False)
+    colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
+    for ax, setting in zip(axes.flat, settings):
+        for i, d in enumerate(depths):
             by_lr = {}
             for r in done:
                 if r['depth'] == d and lr_setting(r['variant']) == setting:
@@ -435,11 +440,14 @@ def plot_lr_sweep(path, rows, depths):
             if by_lr:
                 lrs = sorted(by_lr)
                 m, h = zip(*(mean_ci(by_lr[lr]) for lr in lrs))
-                line = ax.errorbar(lrs, m, h, marker='o', capsize=3, label=f"{d} layers")
-                best = min(range(len(lrs)), key=lambda i: m[i])
+                line = ax.errorbar(lrs, m, h, marker='o', capsize=3, label=f"{d} layers",
+                                   color=colors[i % len(colors)])  # a depth's colour is the same in every panel
+                best = min(range(len(lrs)), key=lambda j: m[j])
                 ax.plot(lrs[best], m[best], 'o', ms=12, mfc='none', color=line[0].get_color())
                 best_lrs[setting, d] = lrs[best]
-        ax.set(xscale='log', xlabel='learning rate', ylabel='final val loss', title=setting)
+        arm, *options = setting.split('~')
+        title = arm + ('\n' + ' '.join(options) if options else '')  # options on a line of their own: one fits
+        ax.set(xscale='log', xlabel='learning rate', ylabel='final val loss', title=title)
         lrs = sorted({r['learning_rate'] for r in done if lr_setting(r['variant']) == setting})
         ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())

@@ -331,6 +331,29 @@ def test_the_lr_plot_finds_each_depth_s_best_learning_rate(tmp_path):
     assert not (tmp_path / 'none.png').exists()
 
 
+def test_the_lr_plot_gives_a_depth_one_colour_and_lays_four_panels_out_square(tmp_path, monkeypatch):
+    """CompleteP run at 8 layers only: its 8-layer line has the standard panel's 8-layer colour, not the first
+    colour of its own panel. Four settings: 2 x 2 panels."""
+    pytest.importorskip('matplotlib')
+    import matplotlib.colors
+    import matplotlib.pyplot as plt
+    closed = []
+    monkeypatch.setattr(plt, 'close', closed.append)  # keep the figure open to read its panels
+    rows = [dict(row(d, f"lime~learning_rate={lr}" + cp, 0, 2.0 + lr), learning_rate=lr)
+            for d, cp in [(4, ''), (8, ''), (8, '~depth_scaling=completep')] for lr in (1e-3, 2e-3)]
+    sweep_report.plot_lr_sweep(str(tmp_path / 'lr.png'), rows, [4, 8])
+    axes = closed[0].axes
+    assert [ax.get_title() for ax in axes] == ['lime', 'lime\ndepth_scaling=completep']
+    colours = [{c.get_label(): matplotlib.colors.to_hex(c.lines[0].get_color()) for c in ax.containers} for ax in axes]
+    assert colours[1] == {'8 layers': colours[0]['8 layers']} and colours[0]['4 layers'] != colours[0]['8 layers']
+    four = [dict(r, variant=r['variant'] + f"~n_embd={k}") for k in (32, 48) for r in rows]
+    sweep_report.plot_lr_sweep(str(tmp_path / 'lr4.png'), four, [4, 8])
+    shown = [ax for ax in closed[1].axes if ax.get_visible()]
+    assert len(shown) == 4 and {ax.get_subplotspec().get_geometry()[:2] for ax in shown} == {(2, 2)}
+    monkeypatch.undo()
+    plt.close('all')
+
+
 def test_per_cpu_second_multiplier_by_hand(capsys):
     """Reference curve (100, 3.0), (200, 2.0) FLOPs per seed; lime ends at 2.0 having spent 100 FLOPs (x 2.0 per
     FLOP). The reference took 10 s for 200 FLOPs (0.05 s per FLOP), lime 8 s: the reference reaches 2.0 in
