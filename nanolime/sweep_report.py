@@ -324,7 +324,9 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
 
 def print_depth_trend(rows, depths, variants, column='val_loss'):
     """Does a variant's difference to the reference change with depth? The slope of every seed's paired
-    difference on log2(depth), over the depths both finished, with its 95% interval and p (slope_ci)."""
+    difference on log2(depth), over the depths both finished, with its 95% interval and p (slope_ci); then, as a
+    check that does not take the pairs of one seed for independent, each seed's own slope and a t interval over
+    the seeds."""
     reference, width = variants[0], max([16] + [len(v) for v in variants[1:]])
     done = {(r['depth'], r['variant'], r['seed']): r[column] for r in rows
             if r['status'] == 'done' and r['budget'] is None}
@@ -334,11 +336,19 @@ def print_depth_trend(rows, depths, variants, column='val_loss'):
                  if w == v and d in depths and (d, reference, s) in done]
         if len({x for x, _ in pairs}) >= 2:
             slope, half, p = slope_ci(*zip(*pairs))
+            by_seed = {}
+            for (d, w, s) in done:
+                if w == v and d in depths and (d, reference, s) in done:
+                    by_seed.setdefault(s, []).append((math.log2(d), done[d, v, s] - done[d, reference, s]))
+            own = [slope_ci(*zip(*xy))[0] for xy in by_seed.values() if len({x for x, _ in xy}) >= 2]
+            m, h = mean_ci(own)
             lines.append(f"{v:<{width}} {slope:+.4f} ± {half:<8.4f} p {p:.3f}  ({len(pairs)} pairs over "
-                         f"{len({x for x, _ in pairs})} depths)")
+                         f"{len({x for x, _ in pairs})} depths); seeds' own: {m:+.4f} ± {h:.4f} p "
+                         f"{t_test_p(own):.3f} ({len(own)} seeds)")
     if lines:
         print(f"\n{column} - {reference}'s, paired by seed, against log2(depth): slope ± 95% interval (least "
-              "squares; below 0: the difference falls as depth doubles)")
+              "squares over every pair; below 0: the difference falls as depth doubles); then the mean of each "
+              "seed's own slope, ± its t interval over the seeds")
         print('\n'.join(lines))
 
 def print_report(rows, depths, variants, fits, n_budgets, tiers):

@@ -133,16 +133,19 @@ def test_slope_and_its_interval_against_the_normal_equations():
 
 
 def test_the_depth_trend_is_printed_from_the_paired_differences(capsys):
-    """LIMe - baseline per seed: -0.01 x depth doublings plus a seed offset; one seed of LIMe at 32 layers has no
-    baseline and is left out."""
+    """LIMe - baseline per seed: -0.01 (seed 0) and -0.02 (seed 1) x depth doublings plus a seed offset; one seed
+    of LIMe at 32 layers has no baseline and is left out. Pooled: every pair, slope -0.015; each seed's own
+    slope: -0.01 and -0.02, mean -0.015 ± 12.706 x 0.005 (t, 1 df)."""
     rows = [row(d, 'baseline', s, 2.0 + 0.1 * s) for d in (8, 16, 32) for s in (0, 1)]
-    diffs = {(d, s): -0.01 * math.log2(d) + 0.003 * s for d in (8, 16, 32) for s in (0, 1)}
+    diffs = {(d, s): (-0.01 - 0.01 * s) * math.log2(d) + 0.003 * s for d in (8, 16, 32) for s in (0, 1)}
     rows += [row(d, 'lime', s, 2.0 + 0.1 * s + x) for (d, s), x in diffs.items()] + [row(32, 'lime', 2, 9.0)]
     sweep_report.print_depth_trend(rows, [8, 16, 32], ['baseline', 'lime'])
     out = capsys.readouterr().out
     want = sweep_report.slope_ci([math.log2(d) for d, _ in diffs], list(diffs.values()))
-    assert want[0] == pytest.approx(-0.01)
-    assert re.search(rf"lime\s+{want[0]:+.4f} ± {want[1]:.4f}\s+p {want[2]:.3f}\s+\(6 pairs over 3 depths\)", out), out
+    assert want[0] == pytest.approx(-0.015)
+    own_p = sweep_report.t_test_p([-0.01, -0.02])
+    assert re.search(rf"lime\s+{want[0]:+.4f} ± {want[1]:.4f}\s+p {want[2]:.3f}\s+\(6 pairs over 3 depths\); "
+                     rf"seeds' own: -0\.0150 ± {12.706 * 0.005:.4f} p {own_p:.3f} \(2 seeds\)", out), out
 
 
 def test_sign_test_by_hand():
