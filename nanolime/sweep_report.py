@@ -332,19 +332,19 @@ def print_depth_trend(rows, depths, variants, column='val_loss'):
             if r['status'] == 'done' and r['budget'] is None}
     lines = []
     for v in variants[1:]:
-        pairs = [(math.log2(d), done[d, v, s] - done[d, reference, s]) for (d, w, s) in done
-                 if w == v and d in depths and (d, reference, s) in done]
+        by_seed = {}  # seed -> its (log2(depth), difference) pairs
+        for (d, w, s) in done:
+            if w == v and d in depths and (d, reference, s) in done:
+                by_seed.setdefault(s, []).append((math.log2(d), done[d, v, s] - done[d, reference, s]))
+        pairs = [xy for xys in by_seed.values() for xy in xys]
         if len({x for x, _ in pairs}) >= 2:
             slope, half, p = slope_ci(*zip(*pairs))
-            by_seed = {}
-            for (d, w, s) in done:
-                if w == v and d in depths and (d, reference, s) in done:
-                    by_seed.setdefault(s, []).append((math.log2(d), done[d, v, s] - done[d, reference, s]))
-            own = [slope_ci(*zip(*xy))[0] for xy in by_seed.values() if len({x for x, _ in xy}) >= 2]
-            m, h = mean_ci(own)
+            own = [slope_ci(*zip(*xys))[0] for xys in by_seed.values() if len({x for x, _ in xys}) >= 2]
+            own = ("seeds' own: {:+.4f} ± {:.4f} p {:.3f} ({} seed{})".format(*mean_ci(own), t_test_p(own), len(own),
+                                                                            's' * (len(own) > 1))
+                   if own else "seeds' own: none (no seed at two depths)")
             lines.append(f"{v:<{width}} {slope:+.4f} ± {half:<8.4f} p {p:.3f}  ({len(pairs)} pairs over "
-                         f"{len({x for x, _ in pairs})} depths); seeds' own: {m:+.4f} ± {h:.4f} p "
-                         f"{t_test_p(own):.3f} ({len(own)} seeds)")
+                         f"{len({x for x, _ in pairs})} depths); {own}")
     if lines:
         print(f"\n{column} - {reference}'s, paired by seed, against log2(depth): slope ± 95% interval (least "
               "squares over every pair; below 0: the difference falls as depth doubles); then the mean of each "

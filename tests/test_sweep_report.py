@@ -139,13 +139,15 @@ def test_the_depth_trend_is_printed_from_the_paired_differences(capsys):
     rows = [row(d, 'baseline', s, 2.0 + 0.1 * s) for d in (8, 16, 32) for s in (0, 1)]
     diffs = {(d, s): (-0.01 - 0.01 * s) * math.log2(d) + 0.003 * s for d in (8, 16, 32) for s in (0, 1)}
     rows += [row(d, 'lime', s, 2.0 + 0.1 * s + x) for (d, s), x in diffs.items()] + [row(32, 'lime', 2, 9.0)]
-    sweep_report.print_depth_trend(rows, [8, 16, 32], ['baseline', 'lime'])
+    rows += [row(8, 'hc', 0, 2.0), row(16, 'hc', 1, 2.2)]  # two depths, but no seed at both: no seed's own slope
+    sweep_report.print_depth_trend(rows, [8, 16, 32], ['baseline', 'lime', 'hc'])
     out = capsys.readouterr().out
     want = sweep_report.slope_ci([math.log2(d) for d, _ in diffs], list(diffs.values()))
     assert want[0] == pytest.approx(-0.015)
     own_p = sweep_report.t_test_p([-0.01, -0.02])
     assert re.search(rf"lime\s+{want[0]:+.4f} ± {want[1]:.4f}\s+p {want[2]:.3f}\s+\(6 pairs over 3 depths\); "
                      rf"seeds' own: -0\.0150 ± {12.706 * 0.005:.4f} p {own_p:.3f} \(2 seeds\)", out), out
+    assert re.search(r"hc\s+\+0\.1000 ± nan\s+p nan\s+\(2 pairs over 2 depths\); seeds' own: none", out), out
 
 
 def test_sign_test_by_hand():
