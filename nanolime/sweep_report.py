@@ -375,29 +375,37 @@ def print_report(rows, depths, variants, fits, n_budgets, tiers):
                     floor_column=f'majority_{n}')
 
 def plot_sweep(path, curves, depths, variants, fits, rows):
-    """Final val loss against depth, then a panel per depth: val loss against training FLOPs over training, with
-    the reference's final losses at its budgets and the power law fitted through them. curves: {(depth, variant,
+    """First row: final val loss against depth, and against training FLOPs (a point per depth: does a deeper model
+    pay for its FLOPs?). Second row, a panel per depth: val loss against training FLOPs over training, with the
+    reference's final losses at its budgets and the power law fitted through them. curves: {(depth, variant,
     seed): {iter: (FLOPs, val loss)}} of the finished runs; fits: {depth: fit_power_law(...)}; rows: sweep.csv's,
     for the reference's final losses (reference_ends)."""
     import matplotlib  # only here: plot=False needs no matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    reference = variants[0]
-    fig, axes = plt.subplots(1, 1 + len(depths), figsize=(4.2 * (1 + len(depths)), 4.2))
+    reference, ncols = variants[0], max(2, len(depths))
+    fig, grid = plt.subplots(2, ncols, figsize=(4.2 * ncols, 8.4), squeeze=False)
+    summary, axes = grid[0, :2], grid[1, :len(depths)]
+    for ax in [*grid[0, 2:], *grid[1, len(depths):]]:
+        ax.set_visible(False)
     for v in variants:
         by_depth = [[c for (cd, cv, _), c in curves.items() if (cd, cv) == (d, v)] for d in depths]
-        pts = [(d, *mean_ci([c[max(c)][1] for c in cs])) for d, cs in zip(depths, by_depth) if cs]
+        pts = [(d, sum(c[max(c)][0] for c in cs) / len(cs), *mean_ci([c[max(c)][1] for c in cs]))
+               for d, cs in zip(depths, by_depth) if cs]
         if pts:
-            d, m, h = zip(*pts)
-            axes[0].errorbar(d, m, h, marker='o', capsize=3, label=v)  # one seed: no interval (nan)
-        for ax, cs in zip(axes[1:], by_depth):
+            d, flops, m, h = zip(*pts)
+            summary[0].errorbar(d, m, h, marker='o', capsize=3, label=v)  # one seed: no interval (nan)
+            summary[1].errorbar(flops, m, h, marker='o', capsize=3, label=v)
+            for x, y, depth in zip(flops, m, d) if v == reference else ():  # the depths named once, at the reference
+                summary[1].annotate(str(depth), (x, y), textcoords='offset points', xytext=(4, 4), fontsize=8)
+        for ax, cs in zip(axes, by_depth):
             its = sorted(set.intersection(*map(set, cs)) - {0}) if cs else []  # no log(0 FLOPs)
             if its:
                 x = [sum(c[it][0] for c in cs) / len(cs) for it in its]
                 m, h = zip(*(mean_ci([c[it][1] for c in cs]) for it in its))
                 ax.plot(x, m, marker='.', label=f"{v} ({len(cs)} seeds)")
                 ax.fill_between(x, [a - b for a, b in zip(m, h)], [a + b for a, b in zip(m, h)], alpha=0.2)
-    for ax, d in zip(axes[1:], depths):  # the reference's final losses at its budgets, and the fit through them
+    for ax, d in zip(axes, depths):  # the reference's final losses at its budgets, and the fit through them
         if fits.get(d):
             b, offsets, (low, high) = fits[d]
             x = [low * (high / low) ** (i / 20) for i in range(21)]
@@ -405,11 +413,13 @@ def plot_sweep(path, curves, depths, variants, fits, rows):
             ax.plot(x, [math.exp(a) * c ** -b for c in x], 'k--', lw=1, label=f"{reference} fit: FLOPs^-{b:.3f}")
             ends = [end for per_seed in reference_ends(rows, reference, d).values() for end in per_seed]
             ax.plot(*zip(*ends), 'kx', label=f"{reference}, final at each budget")
-    axes[0].set(xscale='log', xlabel='n_layer', ylabel='final val loss', title='final val loss (mean, 95% interval)')
-    axes[0].set_xticks(depths, [str(d) for d in depths])
-    for ax, d in zip(axes[1:], depths):
+    summary[0].set(xscale='log', xlabel='n_layer', ylabel='final val loss', title='final val loss (mean, 95% interval)')
+    summary[0].set_xticks(depths, [str(d) for d in depths])
+    summary[1].set(xscale='log', xlabel='training FLOPs', ylabel='final val loss',
+                   title='final val loss against FLOPs (labels: n_layer)')
+    for ax, d in zip(axes, depths):
         ax.set(xscale='log', xlabel='training FLOPs', ylabel='val loss', title=f"{d} layers: val loss (mean, 95% band)")
-    for ax in axes:
+    for ax in [*summary, *axes]:
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # labels at powers of 10 only
         ax.legend()
     fig.tight_layout()

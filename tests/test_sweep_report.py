@@ -311,12 +311,34 @@ def test_the_plot_marks_the_reference_s_final_losses(tmp_path):
     curves = {(2, 'baseline', 0): {0: (0.0, 4.0), 10: (100.0, 2.0)}, (2, 'lime', 0): {0: (0.0, 4.0), 10: (110.0, 1.9)}}
     sweep_report.plot_sweep(str(tmp_path / 'sweep.png'), curves, [2], ['baseline', 'lime'], {2: fit}, rows)
     try:
-        marks = [line for line in plt.gcf().axes[1].lines if line.get_marker() == 'x']
+        panel = next(ax for ax in plt.gcf().axes if ax.get_title().startswith('2 layers'))
+        marks = [line for line in panel.lines if line.get_marker() == 'x']
         assert len(marks) == 1 and sorted(zip(marks[0].get_xdata(), marks[0].get_ydata())) == [
             (50.0, 2.5), (100.0, 2.0), (100.0, 2.2)]
     finally:
         plt.close('all')
     assert (tmp_path / 'sweep.png').stat().st_size > 0
+
+
+def test_the_plot_puts_final_loss_against_depth_and_against_flops(tmp_path):
+    """The first row: each variant's mean final loss per depth, against n_layer and against its mean final
+    training FLOPs (two seeds at 2 layers, one at 4), beside each other; a per-depth panel each below."""
+    pytest.importorskip('matplotlib')
+    import matplotlib.pyplot as plt
+    curves = {(2, 'baseline', 0): {0: (0.0, 4.0), 10: (100.0, 2.0)}, (2, 'baseline', 1): {0: (0.0, 4.0), 10: (100.0, 2.2)},
+              (4, 'baseline', 0): {0: (0.0, 4.0), 10: (200.0, 1.8)},
+              (2, 'lime', 0): {0: (0.0, 4.0), 10: (110.0, 1.9)}, (4, 'lime', 0): {0: (0.0, 4.0), 10: (220.0, 1.7)}}
+    sweep_report.plot_sweep(str(tmp_path / 'sweep.png'), curves, [2, 4], ['baseline', 'lime'], {}, [])
+    try:
+        axes = {ax.get_title(): ax for ax in plt.gcf().axes if ax.get_visible()}
+        assert len(axes) == 4 and {'2 layers: val loss (mean, 95% band)', '4 layers: val loss (mean, 95% band)'} < set(axes)
+        by_depth, by_flops = axes['final val loss (mean, 95% interval)'], axes['final val loss against FLOPs (labels: n_layer)']
+        points = lambda ax, v: next(list(zip(*c.lines[0].get_data())) for c in ax.containers if c.get_label() == v)
+        assert points(by_depth, 'baseline') == [(2, pytest.approx(2.1)), (4, 1.8)]
+        assert points(by_flops, 'baseline') == [(100.0, pytest.approx(2.1)), (200.0, 1.8)]
+        assert points(by_flops, 'lime') == [(110.0, 1.9), (220.0, 1.7)]
+    finally:
+        plt.close('all')
 
 
 def test_the_lr_plot_finds_each_depth_s_best_learning_rate(tmp_path):
