@@ -16,14 +16,10 @@ the run's FLOPs, off a power law fitted to the reference's final losses at --bud
 import os
 import re
 import sys
-import io
 import json
 import shlex
 import signal
-import runpy
-import difflib
 import tempfile
-import contextlib
 import queue
 import threading
 import subprocess
@@ -36,6 +32,7 @@ from nanolime.common import UserError, configure
 from nanolime import checkpoint
 from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, read_log, writable_dir
 from nanolime.data import arithmetic_tiers, data_id, dataset_dir
+from nanolime.sweep_runs import check_options, final_record, int_list, read_json
 from nanolime.sweep_report import (MULTIPLIERS, add_compute_multipliers, add_tier_columns, csv_text, earlier_rows,
                                    fit_power_law, plot_lr_sweep, plot_sweep, print_report, reference_ends)
 from nanolime.variants import VARIANT_PLAIN, parse_variant
@@ -71,12 +68,6 @@ MAY_CHANGE = ('out_dir', 'init_from', 'max_iters', 'eval_interval', 'log_interva
               'always_save_checkpoint', 'device', 'compile', 'data_dir', 'wandb_log', 'wandb_project',
               'wandb_run_name', 'peak_flops', 'debug')
 
-def int_list(key, text, low):
-    values = [int(x) if x.isdigit() else -1 for x in str(text).replace(' ', '').split(',') if x]
-    if not values or min(values) < low or len(set(values)) < len(values):  # 0 and 00 are one value: one run dir
-        raise UserError(f"{key}={text!r}: expected distinct comma-separated integers >= {low}, e.g. --{key}=4,8,16")
-    return values
-
 def variant_options(variant):
     """train.py options of a variant name (nanolime/variants.py's grammar: lime, lime+hc, lime:first-2, attnres:block,
     lime~router_lr=0.002, ...): the model's options, then those after '~', which may not be the sweep's own."""
@@ -88,19 +79,6 @@ def variant_options(variant):
         raise UserError(f"variant '{variant}': the schedule (max_iters, {', '.join(SCHEDULE)}) "
                         "is the sweep's, the same for every variant: give it as --key=value to the sweep")
     return {**opts, **extra}
-
-def read_json(path):
-    """A JSON object from path; {} if it is missing or is no JSON object (damaged, say: the caller decides)."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-def final_record(run_dir, iters):
-    """The log record of the evaluation at iteration `iters`, or None if the run has not got there."""
-    return next((r for r in reversed(read_log(run_dir)) if r.get('iter') == iters and 'val_loss' in r), None)
 
 # ----------------------------------------------------------------------------- configuration
 # A sweep is one process that starts its own runs. Variables that torchrun or a cluster scheduler set for a
@@ -160,41 +138,6 @@ def run_args(run):
     if run.get('budget'):  # a complete run with its own schedule: the decay stretched or shrunk with it
         per_run.update(max_iters=run['budget'], lr_decay_iters=budget_decay(run['budget']))
     return [f"--{k}={v}" for k, v in {**train_opts, **per_run}.items()]
-
-class _Checked(Exception):
-    """Raised where train.py claims its out_dir: everything it can check is checked by then."""
-
-
-def check_options():
-    """{variant: its runs' train.py config}, from train.py itself: run here, it checks a variant's options (at
-    the deepest depth) and is stopped where it would claim its out_dir, before any work; UserError with its
-    message if it refuses."""
-    configs, errors, argv, claim = {}, {}, sys.argv, checkpoint.on_rank_0
-
-    def stop(*args, **kwargs):  # train.py's config, read from the frame that calls it
-        raise _Checked(sys._getframe(1).f_globals['config'])
-    checkpoint.on_rank_0 = stop  # train.py imports it when run_path runs it: this stand-in
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for v in variant_list:
-                run = {'variant': v, 'depth': max(depth_list), 'seed': seed_list[0], 'dir': tmp}
-                sys.argv = [TRAIN_PY, *run_args(run)]
-                try:
-                    with contextlib.redirect_stdout(io.StringIO()):
-                        runpy.run_path(TRAIN_PY, run_name='__main__')
-                except _Checked as checked:
-                    configs[v] = json.loads(json.dumps(checked.args[0]))  # a copy, as the printed config was
-                except UserError as e:
-                    errors[v] = str(e)
-    finally:
-        sys.argv, checkpoint.on_rank_0 = argv, claim
-    if errors:  # the first; named by its variant if another variant passed (then the problem is that one's)
-        v, msg = next(iter(errors.items()))
-        prefix = '' if len(errors) == len(variant_list) else f"variant {v}: "
-        key = re.match(r"unknown config key '(\w+)'", msg)
-        close = difflib.get_close_matches(key.group(1), sweep_keys, n=1) if key and 'did you' not in msg else []
-        raise UserError(prefix + msg + (f"; did you mean '{close[0]}'?" if close else ''))
-    return configs
 
 def run_config(run):
     """The train.py config of a run: its variant's, at its depth and seed, with its budget's schedule."""
@@ -328,7 +271,9 @@ if os.path.isdir(csv_path):
 if not report_only:
     writable_dir(out_dir, 'out_dir')
     lock_dir(out_dir, 'out_dir')
-    configs = check_options()
+    with tempfile.TemporaryDirectory() as tmp:  # each variant's options at the deepest depth, checked by train.py
+        configs = check_options(TRAIN_PY, {v: run_args({'variant': v, 'depth': max(depth_list), 'seed': seed_list[0],
+                                                        'dir': tmp}) for v in variant_list}, sweep_keys)
     max_iters = configs[reference]['max_iters']
     if max_iters < 1:
         raise UserError(f"max_iters={max_iters}: a sweep compares trained runs; give max_iters >= 1")
