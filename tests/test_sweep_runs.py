@@ -29,11 +29,11 @@ def test_read_json_and_final_record(tmp_path):
     assert final_record(str(tmp_path), 30) is None
 
 
-def test_check_options_returns_train_py_s_config_and_names_a_close_key(tmp_path, monkeypatch):
+def test_check_options_returns_train_py_s_config_and_names_a_close_key(tiny_data_dir, tmp_path, monkeypatch):
     """train.py checks each variant's options and is stopped before it claims the out_dir: nothing is written."""
     monkeypatch.setattr(sys, 'excepthook', sys.excepthook)  # train.py's configure() installs its own
-    args = ['--dataset=shakespeare_char', '--n_layer=2', '--n_embd=32', '--n_head=2', '--device=cpu',
-            f'--out_dir={tmp_path / "run"}']
+    args = ['--dataset=shakespeare_char', f'--data_dir={tiny_data_dir}', '--n_layer=2', '--n_embd=32', '--n_head=2',
+            '--device=cpu', f'--out_dir={tmp_path / "run"}']
     configs = check_options(TRAIN_PY, {'baseline': [*args, '--lime=False'], 'lime': [*args, '--lime=True']},
                             ['depths'])
     assert configs['baseline']['lime'] is False and configs['lime']['lime'] is True
