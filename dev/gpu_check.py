@@ -3,10 +3,10 @@ A GPU's first ten minutes: the acceptance of the CUDA path in one command that f
 ordered by what each stage tells us and cut to fit. The total (--minutes, default 8) is split over the
 stages; each stage runs within its budget plus whatever the stages before it left unused, is stopped
 (with its children) when that is spent, and a stage whose time is gone is skipped with a line in the
-report. It has not yet run on a GPU.
+report. The shares are set from its first run, on an H200 (docs/performance.md, "GPU: the first run").
 
-$ python dev/gpu_check.py --minutes=8                       # on the GPU machine: every stage, then the report
-$ python dev/gpu_check.py --minutes=8 --dry-run             # anywhere, in seconds: the stages, budgets, commands
+$ python dev/gpu_check.py --minutes=9                       # on the GPU machine: every stage, then the report
+$ python dev/gpu_check.py --minutes=9 --dry-run             # anywhere, in seconds: the stages, budgets, commands
 $ python dev/gpu_check.py --minutes=5 --stages=table9,ddp   # a rerun of some stages in the time left
 
 The stages, in order (stage_list below), each one or more commands run as subprocesses:
@@ -44,12 +44,14 @@ sys.path.insert(0, REPO)
 
 
 def missing_requirements():
-    """The packages of requirements.txt that this Python cannot import (a fresh GPU machine often has torch
-    and nothing else)."""
+    """The packages of requirements.txt that the stages need and this Python cannot import (a fresh GPU
+    machine often has torch and little else). Not datasets (prepare.py needs it for FineWeb only; the stages
+    prepare the shipped corpus) nor matplotlib (no stage plots)."""
     import importlib.util
     with open(os.path.join(REPO, 'requirements.txt')) as f:
         names = [re.split(r'[=<>!~\[; ]', line.strip())[0] for line in f if line.strip() and line[0] != '#']
-    return [n for n in names if importlib.util.find_spec({'pytest-xdist': 'xdist'}.get(n, n)) is None]
+    return [n for n in names if n not in ('datasets', 'matplotlib')
+            and importlib.util.find_spec({'pytest-xdist': 'xdist'}.get(n, n)) is None]
 
 
 if __name__ == '__main__' and missing_requirements():
@@ -61,7 +63,7 @@ from nanolime.checkpoint import atomic_write, lock_dir, read_log, writable_dir  
 # ----------------------------------------------------------------------------- config
 out_dir = 'gpu-check'     # the reports, the benchmarks' JSON, logs/
 work_dir = ''             # checkpoints and prepared data; '' = a temporary directory, removed at the end
-minutes = 8.0             # the whole check's time: split over the stages run
+minutes = 9.0             # the whole check's time: split over the stages run
 stages = 'all'            # 'all', or stage names or numbers, comma-separated: train,ddp or 2,4
 dry_run = False           # print the stages, their budgets and commands, and exit (also --dry-run)
 bench_1b_mode = 'auto'    # the 1B stage: 'eager', 'compiled', or 'auto' (compiled if its budget allows)
@@ -69,10 +71,10 @@ bench_1b_mode = 'auto'    # the 1B stage: 'eager', 'compiled', or 'auto' (compil
 RESERVE_S = 30            # of the total, kept for starting up, the reports and stopping an overrunning command
 KILL_GRACE_S = 15         # an overrunning command gets SIGTERM (train.py saves and exits), then SIGKILL
 MIN_STAGE_S = 10          # a stage with less time left than this is skipped
-# each stage's share of the total (less RESERVE_S), by what it needs: the CUDA tests compile tiny models in
-# parallel; the training stage compiles one small model twice (LIMe, baseline; the resumed runs find the
-# compiled kernels in inductor's cache) and writes six checkpoints of 360 MB; the 1B stage builds four 1B models
-SHARES = {'cuda-tests': 0.24, 'train': 0.34, 'table9': 0.32, 'ddp': 0.10}
+# each stage's share of the total (less RESERVE_S), from the first run (an H200, torch 2.11, cold compile
+# caches): the CUDA tests took 164 s on 12 processes (the slowest test 85 s); the training stage's commands
+# about 225 s (LIMe's first step compiles for 25 s); the 1B stage, eager, 48 s; DDP 24 s
+SHARES = {'cuda-tests': 0.35, 'train': 0.45, 'table9': 0.12, 'ddp': 0.08}
 COMPILED_1B_S = 480       # bench_1b_mode='auto' compiles at the 1B shape only with this budget or more
 TRAIN_ITERS = 200         # the training stage's run; stopped at half and resumed for the exact-resume check
 # the paper's Table 9 (App. F; H100, PyTorch Inductor, default mode): step ms, train peak memory GB
@@ -91,15 +93,15 @@ def stage_list(out, work, table9_compiled=False):
     bench = [py, 'bench.py', 'config/bench_1b.py', '--variants=baseline,lime', '--warmup=3', '--iters=10']
     defs = [
         dict(name='cuda-tests', title='CUDA tests: python -m pytest -m cuda', summary=summarize_tests,
-             steps=[('pytest', [py, '-m', 'pytest', '-m', 'cuda', '-n', '8', '--dist=worksteal', '-rfEs'], 1.0)]),
+             steps=[('pytest', [py, '-m', 'pytest', '-m', 'cuda', '-n', '12', '--dist=worksteal', '-rfEs'], 1.0)]),
         dict(name='train', title='A small LIMe model and its baseline (config/train_gpu_check.py): compiled, bf16; '
                                  'an exact resume; sampled on the GPU and the CPU',
              summary=summarize_train,
-             steps=[('prepare', prepare, 0.05),
-                    ('lime', [*train, f"--out_dir={os.path.join(work, 'lime')}"], 0.30),
-                    ('lime-half', [*train, f"--out_dir={halfway}", f'--max_iters={TRAIN_ITERS // 2}'], 0.14),
-                    ('lime-resume', [*train, f"--out_dir={halfway}", '--init_from=resume'], 0.14),
-                    ('baseline', [*train, f"--out_dir={os.path.join(work, 'baseline')}", '--lime=False'], 0.23),
+             steps=[('prepare', prepare, 0.04),
+                    ('lime', [*train, f"--out_dir={os.path.join(work, 'lime')}"], 0.28),
+                    ('lime-half', [*train, f"--out_dir={halfway}", f'--max_iters={TRAIN_ITERS // 2}'], 0.15),
+                    ('lime-resume', [*train, f"--out_dir={halfway}", '--init_from=resume'], 0.15),
+                    ('baseline', [*train, f"--out_dir={os.path.join(work, 'baseline')}", '--lime=False'], 0.24),
                     *[(f'sample-{d}', [py, 'sample.py', f"--out_dir={os.path.join(work, 'lime')}", f'--device={d}',
                                        '--num_samples=1', '--max_new_tokens=100', '--start=ROMEO:'], 0.07)
                       for d in ('cuda', 'cpu')]]),
