@@ -384,6 +384,12 @@ def plot_sweep(path, curves, depths, variants, fits, rows):
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     reference, ncols = variants[0], max(2, len(depths))
+    # options every variant has (the lr of a depth curve) go to the figure's title, the rest label the lines;
+    # a variant keeps its colour in every panel
+    shared = set.intersection(*(set(v.split('~')[1:]) for v in variants))
+    label = {v: '~'.join(p for p in v.split('~') if p not in shared) for v in variants}
+    colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
+    color = {v: colors[i % len(colors)] for i, v in enumerate(variants)}
     fig, grid = plt.subplots(2, ncols, figsize=(4.2 * ncols, 8.4), squeeze=False)
     summary, axes = grid[0, :2], grid[1, :len(depths)]
     for ax in [*grid[0, 2:], *grid[1, len(depths):]]:
@@ -394,8 +400,8 @@ def plot_sweep(path, curves, depths, variants, fits, rows):
                for d, cs in zip(depths, by_depth) if cs]
         if pts:
             d, flops, m, h = zip(*pts)
-            summary[0].errorbar(d, m, h, marker='o', capsize=3, label=v)  # one seed: no interval (nan)
-            summary[1].errorbar(flops, m, h, marker='o', capsize=3, label=v)
+            summary[0].errorbar(d, m, h, marker='o', capsize=3, label=label[v], color=color[v])  # one seed: nan
+            summary[1].errorbar(flops, m, h, marker='o', capsize=3, label=label[v], color=color[v])
             for x, y, depth in zip(flops, m, d) if v == reference else ():  # the depths named once, at the reference
                 summary[1].annotate(str(depth), (x, y), textcoords='offset points', xytext=(4, 4), fontsize=8)
         for ax, cs in zip(axes, by_depth):
@@ -403,16 +409,17 @@ def plot_sweep(path, curves, depths, variants, fits, rows):
             if its:
                 x = [sum(c[it][0] for c in cs) / len(cs) for it in its]
                 m, h = zip(*(mean_ci([c[it][1] for c in cs]) for it in its))
-                ax.plot(x, m, marker='.', label=f"{v} ({len(cs)} seeds)")
-                ax.fill_between(x, [a - b for a, b in zip(m, h)], [a + b for a, b in zip(m, h)], alpha=0.2)
+                ax.plot(x, m, marker='.', label=f"{label[v]} ({len(cs)} seeds)", color=color[v])
+                ax.fill_between(x, [a - b for a, b in zip(m, h)], [a + b for a, b in zip(m, h)], alpha=0.2,
+                                color=color[v])
     for ax, d in zip(axes, depths):  # the reference's final losses at its budgets, and the fit through them
         if fits.get(d):
             b, offsets, (low, high) = fits[d]
             x = [low * (high / low) ** (i / 20) for i in range(21)]
             a = sum(offsets.values()) / len(offsets)
-            ax.plot(x, [math.exp(a) * c ** -b for c in x], 'k--', lw=1, label=f"{reference} fit: FLOPs^-{b:.3f}")
+            ax.plot(x, [math.exp(a) * c ** -b for c in x], 'k--', lw=1, label=f"{label[reference]} fit: FLOPs^-{b:.3f}")
             ends = [end for per_seed in reference_ends(rows, reference, d).values() for end in per_seed]
-            ax.plot(*zip(*ends), 'kx', label=f"{reference}, final at each budget")
+            ax.plot(*zip(*ends), 'kx', label=f"{label[reference]}, final at each budget")
     summary[0].set(xscale='log', xlabel='n_layer', ylabel='final val loss', title='final val loss (mean, 95% interval)')
     summary[0].set_xticks(depths, [str(d) for d in depths])
     summary[1].set(xscale='log', xlabel='training FLOPs', ylabel='final val loss',
@@ -421,7 +428,9 @@ def plot_sweep(path, curves, depths, variants, fits, rows):
         ax.set(xscale='log', xlabel='training FLOPs', ylabel='val loss', title=f"{d} layers: val loss (mean, 95% band)")
     for ax in [*summary, *axes]:
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # labels at powers of 10 only
-        ax.legend()
+        ax.legend(fontsize='small')
+    if shared:
+        fig.suptitle('every variant: ' + ' '.join(sorted(shared)))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 

@@ -341,6 +341,31 @@ def test_the_plot_puts_final_loss_against_depth_and_against_flops(tmp_path):
         plt.close('all')
 
 
+def test_the_plot_names_options_every_variant_shares_once_and_keeps_each_variant_s_colour(tmp_path):
+    """A depth curve at one lr: the lr goes to the figure's title, the lines are labelled by what differs, and a
+    variant has one colour in every panel, also at a depth where a variant before it has no run."""
+    pytest.importorskip('matplotlib')
+    import matplotlib.pyplot as plt
+    lr = '~learning_rate=4e-3~min_lr=4e-4'
+    variants = ['baseline' + lr, 'lime' + lr, 'attnres:block~n_block=2' + lr]
+    curves = {(d, v, 0): {0: (0.0, 4.0), 10: (100.0 * d, 2.0 - 0.1 * k)}
+              for d in (2, 4) for k, v in enumerate(variants) if (d, k) != (4, 1)}  # no lime at 4 layers
+    sweep_report.plot_sweep(str(tmp_path / 'sweep.png'), curves, [2, 4], variants, {}, [])
+    try:
+        fig = plt.gcf()
+        assert fig._suptitle.get_text() == 'every variant: learning_rate=4e-3 min_lr=4e-4'
+        by_depth = next(ax for ax in fig.axes if ax.get_title() == 'final val loss (mean, 95% interval)')
+        assert [t.get_text() for t in by_depth.get_legend().get_texts()] == ['baseline', 'lime',
+                                                                             'attnres:block~n_block=2']
+        panels = [ax for ax in fig.axes if ax.get_title().endswith('layers: val loss (mean, 95% band)')]
+        colour = {line.get_label(): line.get_color() for ax in panels for line in ax.lines}
+        assert colour['attnres:block~n_block=2 (1 seeds)'] == by_depth.containers[2].lines[0].get_color()
+        assert [line.get_color() for line in panels[1].lines] == [
+            by_depth.containers[k].lines[0].get_color() for k in (0, 2)]
+    finally:
+        plt.close('all')
+
+
 def test_the_lr_plot_finds_each_depth_s_best_learning_rate(tmp_path):
     """Two settings of LIMe (standard, CompleteP) at lr 1e-3, 2e-3, 4e-3 and 2 depths, 2 seeds each: loss
     (lr - best)^2 around a best lr of 2e-3 at 4 layers and 4e-3 at 8 (standard), 2e-3 at both (CompleteP)."""
