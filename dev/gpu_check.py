@@ -1,6 +1,6 @@
 """
 A GPU's first ten minutes: the acceptance of the CUDA path in one command that fits a short loan of a GPU,
-ordered by what each stage tells us and cut to fit. The total (--minutes, default 8) is split over the
+ordered by what each stage tells us and cut to fit. The total (--minutes, default 9) is split over the
 stages; each stage runs within its budget plus whatever the stages before it left unused, is stopped
 (with its children) when that is spent, and a stage whose time is gone is skipped with a line in the
 report. The shares are set from its first run, on an H200 (docs/performance.md, "GPU: the first run").
@@ -43,15 +43,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 
+STAGE_NEEDS = ('torch', 'numpy', 'tiktoken', 'tqdm', 'pytest', 'xdist')  # what the stages import (not datasets nor matplotlib)
+
+
 def missing_requirements():
-    """The packages of requirements.txt that the stages need and this Python cannot import (a fresh GPU
-    machine often has torch and little else). Not datasets (prepare.py needs it for FineWeb only; the stages
-    prepare the shipped corpus) nor matplotlib (no stage plots)."""
+    """The packages the stages import that this Python lacks (a fresh GPU machine often has torch and little else)."""
     import importlib.util
-    with open(os.path.join(REPO, 'requirements.txt')) as f:
-        names = [re.split(r'[=<>!~\[; ]', line.strip())[0] for line in f if line.strip() and line[0] != '#']
-    return [n for n in names if n not in ('datasets', 'matplotlib')
-            and importlib.util.find_spec({'pytest-xdist': 'xdist'}.get(n, n)) is None]
+    return [{'xdist': 'pytest-xdist'}.get(n, n) for n in STAGE_NEEDS if importlib.util.find_spec(n) is None]
 
 
 if __name__ == '__main__' and missing_requirements():
