@@ -1,0 +1,89 @@
+"""Each relative against its authors' own code, offline.
+
+tests/fixtures/authors/<relative>.pt holds what the authors' code computed at one small float32 shape: the
+batch, every weight under our parameter name, their logits and the gradients of the mean cross-entropy (mapped
+to our names), and the authors' repository and commit. dev/authors/<relative>.py made each from a checkout of
+their code (its docstring says how, and what was mapped or stubbed); docs/deviations.md says, per relative,
+which commit our arm matches and where it differs on purpose (the fixture then uses their setting).
+Here our arm is built with the fixture's options, given its weights, and must give the same logits and every
+gradient to 1e-5 of the tensor's scale.
+"""
+import glob
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import REPO
+from relatives import RelativesConfig, build_model
+
+FIXTURES = os.path.join(REPO, "tests", "fixtures", "authors")
+TOLERANCE = 1e-5  # max |ours - theirs| / max |theirs|, per tensor
+# the fixtures' shape (dev/authors/fixture.py, SHAPE)
+SHAPE = dict(block_size=8, vocab_size=32, n_layer=3, n_head=4, n_embd=16, mlp_hidden=32, norm_eps=1e-6)
+NAMES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(FIXTURES, "*.pt")))
+EXPECTED = ["denseformer"]  # every relative with a fixture: a fixture that goes missing fails here
+
+
+def load(name):
+    return torch.load(os.path.join(FIXTURES, f"{name}.pt"), weights_only=True)
+
+
+def relative_error(ours, theirs):
+    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
+
+
+def run(fixture, **options):
+    """Our model with the fixture's weights (the relative's options replaced by `options` if given): its logits
+    and the gradient of every parameter, from the mean cross-entropy against the fixture's targets."""
+    torch.manual_seed(0)
+    model = build_model(RelativesConfig(**SHAPE, **(options or fixture["options"]))).float()
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(fixture["weights"][name])
+    logits, _ = model(fixture["idx"], fixture["targets"])
+    F.cross_entropy(logits.flatten(0, 1), fixture["targets"].flatten()).backward()
+    return logits.detach(), {n: p.grad for n, p in params.items()}, params
+
+
+def test_every_relative_has_its_fixture():
+    assert NAMES == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fixture_is_what_the_test_reads(name):
+    """Each fixture names its source and holds a weight and a gradient for every parameter of our arm."""
+    fixture = load(name)
+    assert "/" in fixture["repo"] and len(fixture["commit"]) == 40, (fixture["repo"], fixture["commit"])
+    torch.manual_seed(0)
+    model = build_model(RelativesConfig(**SHAPE, **fixture["options"]))
+    names = {n for n, _ in model.named_parameters()}
+    assert set(fixture["weights"]) == names and set(fixture["grads"]) == names
+    assert fixture["logits"].shape == (*fixture["idx"].shape, SHAPE["vocab_size"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_logits_and_gradients_match_the_authors(name):
+    fixture = load(name)
+    logits, grads, _ = run(fixture)
+    assert relative_error(logits, fixture["logits"]) < TOLERANCE
+    errors = {n: relative_error(grads[n], fixture["grads"][n]) for n in grads}
+    worst = max(errors, key=errors.get)
+    assert errors[worst] < TOLERANCE, f"{worst}: {errors[worst]:.2e}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_relative_matters_in_its_fixture(name):
+    """The fixture tells the relative from the baseline: the baseline's model on the fixture's shared weights
+    gives logits far outside the tolerance (so a relative that did nothing could not pass)."""
+    fixture = load(name)
+    torch.manual_seed(0)
+    baseline = build_model(RelativesConfig(**SHAPE, tie_embeddings=fixture["options"].get("tie_embeddings", True)))
+    shared = {n: p for n, p in baseline.named_parameters()}
+    with torch.no_grad():
+        for n, p in shared.items():
+            p.copy_(fixture["weights"][n])
+        logits, _ = baseline(fixture["idx"], fixture["targets"])
+    assert relative_error(logits, fixture["logits"]) > 100 * TOLERANCE
