@@ -1,0 +1,153 @@
+"""dev/depth_substitution.py on a synthetic sweep out_dir whose final losses are chosen so that S(L), G(L), the
+reading and k(L) are known by hand: L = 4 matches, L = 8 does not, L = 16 is out of regime."""
+import csv
+import importlib.util
+import json
+import math
+import os
+import random
+import statistics
+
+import pytest
+
+from conftest import REPO, script_here
+from nanolime.common import UserError
+from nanolime.sweep_report import t_test_p
+
+spec = importlib.util.spec_from_file_location('depth_substitution', os.path.join(REPO, 'dev', 'depth_substitution.py'))
+ds = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ds)
+
+ITERS, T95_2DF = 100, 4.303  # every synthetic run's length; Student's t, 95 %, 2 degrees of freedom
+E = [0.0, 0.01, -0.02, 0.005]   # a seed's level, shared by every run of the seed (its data order)
+F = [0.0, 0.02, -0.01, 0.0]     # LIMe's own scatter over seeds
+G = [0.0, 0.03, -0.03, 0.0]     # the 4-layer baseline's own scatter
+BASE = {4: 2.40, 8: 2.20, 16: 2.10, 32: 2.12}  # depth helps up to 16 layers, not from 16 to 32
+LIME = {4: 2.10, 8: 2.30, 16: 2.05, 32: 2.00}  # 4: below the baseline at 8 (matches); 8: above it at 16 (does not)
+
+
+def loss(variant, depth, seed):
+    if variant == 'baseline':
+        return BASE[depth] + E[seed] + (G[seed] if depth == 4 else 0.0)
+    return LIME[depth] + E[seed] + F[seed]
+
+
+def make_run(root, variant, depth, seed, val_loss, status='done', iters=ITERS, data='abc', losses=(3.0, 2.5, 2.4)):
+    path = os.path.join(root, f"{variant}-L{depth}-s{seed}")
+    os.makedirs(path)
+    its = [1, 25, 50, 75][:len(losses)]
+    records = [{'iter': 0, 'val_loss': 4.2}] + [{'iter': i, 'loss': x} for i, x in zip(its, losses)]
+    if status == 'done':
+        records.append({'iter': iters, 'tokens': iters * 2048, 'flops': iters * 10 ** 9, 'loss': 2.3,
+                        'val_loss': val_loss})
+        with open(os.path.join(path, 'sweep.json'), 'w') as f:
+            json.dump({'status': 'done', 'max_iters': iters, 'warmup_iters': 30, 'data': data, 'wall_time_s': 1.0}, f)
+    with open(os.path.join(path, 'log.jsonl'), 'w') as f:
+        f.writelines(json.dumps(r) + '\n' for r in records)
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """Seeds 0-2 complete; seed 3 has LIMe and the baseline at 16 and the baseline at 32 done (its L = 16 triple),
+    LIMe at 32 still running, nothing at 4 or 8. Two logs with a loss spike: one past warmup (flagged), one in it."""
+    root = str(tmp_path / 'out')
+    for s in range(3):
+        for d in BASE:
+            for v in ('baseline', 'lime'):
+                spike = {('baseline', 32, 0): (3.0, 2.5, 2.3, 2.65),  # +0.35 over 2.3 at iter 75: flagged
+                         ('lime', 4, 0): (3.0, 3.5, 2.4, 2.6)}.get((v, d, s))  # +0.5 at iter 25, in warmup
+                make_run(root, v, d, s, loss(v, d, s), **({'losses': spike} if spike else {}))
+    for v, d in (('baseline', 16), ('lime', 16), ('baseline', 32)):
+        make_run(root, v, d, 3, loss(v, d, 3))
+    make_run(root, 'lime', 32, 3, None, status='running')
+    return root
+
+
+def test_runs_and_divergence(sweep):
+    rows = ds.read_runs(sweep, ITERS, 30, 0.3)
+    by = {(r['variant'], r['depth'], r['seed']): r for r in rows}
+    assert len(rows) == 28 and sum(r['status'] == 'done' for r in rows) == 27
+    assert by['lime', 32, 3]['status'] == 'running' and by['lime', 32, 3]['val_loss'] is None
+    assert by['lime', 4, 1]['val_loss'] == pytest.approx(2.10 + 0.01 + 0.02)
+    assert [k for k, r in by.items() if r['diverged']] == [('baseline', 32, 0)]
+    assert by['baseline', 32, 0]['loss_rise'] == pytest.approx(0.35)
+    assert by['lime', 4, 0]['loss_rise'] == pytest.approx(0.2)  # 2.4 -> 2.6; the warmup's 3.5 is not counted
+    assert ds.complete_seeds(rows, [4, 8, 16, 32]) == [0, 1, 2]
+    # a run at another length does not count; the runs of two datasets are not one comparison
+    assert all(r['status'] != 'done' for r in ds.read_runs(sweep, 2 * ITERS, 30, 0.3))
+    make_run(sweep, 'lime', 64, 0, 2.0, data='other')
+    with pytest.raises(UserError, match='different data'):
+        ds.read_runs(sweep, ITERS, 30, 0.3)
+
+
+def test_statistics_by_hand(sweep):
+    summary = {r['L']: r for r in ds.analyse(ds.read_runs(sweep, ITERS, 30, 0.3), [4, 8, 16, 32], resamples=2000)}
+    assert sorted(summary) == [4, 8, 16]
+    assert [summary[L]['n_seeds'] for L in (4, 8, 16)] == [3, 3, 4]
+    f, g = F[:3], G[:3]
+    # S(4) = LIMe(4) - baseline(8) = 2.10 - 2.20 + F (E cancels): mean -0.1 + mean(F), t interval of F's spread
+    s4 = summary[4]
+    assert s4['S'] == pytest.approx(-0.1 + statistics.mean(f))
+    assert s4['S_half'] == pytest.approx(T95_2DF * statistics.stdev(f) / math.sqrt(3))
+    # G(4) = baseline(4) - baseline(8) = 0.2 + G: above zero, its interval too
+    assert s4['G'] == pytest.approx(0.2 + statistics.mean(g))
+    assert s4['G_half'] == pytest.approx(T95_2DF * statistics.stdev(g) / math.sqrt(3))
+    assert s4['reading'] == 'matches'
+    # k(4) = 2^((baseline(4) - LIMe(4)) / G(4)) of the means
+    assert s4['k'] == pytest.approx(2 ** ((0.30 + statistics.mean(g) - statistics.mean(f)) / (0.2 + statistics.mean(g))))
+    assert s4['k_low'] <= s4['k'] <= s4['k_high'] and s4['k_undefined'] == 0
+    # S(8) = 2.30 - 2.10 + F = 0.2 + F: wholly above zero; G(8) = 0.1 with no spread
+    assert summary[8]['S'] == pytest.approx(0.2 + statistics.mean(f)) and summary[8]['reading'] == 'does not'
+    assert summary[8]['G'] == pytest.approx(0.1) and summary[8]['G_half'] == pytest.approx(0.0, abs=1e-12)
+    assert summary[8]['k'] == pytest.approx(2 ** ((-0.1 - statistics.mean(f)) / 0.1))
+    # G(16) = 2.10 - 2.12 = -0.02: depth does not help the baseline there, whatever S says; no k
+    assert summary[16]['G'] == pytest.approx(-0.02) and summary[16]['reading'] == 'out of regime'
+    assert math.isnan(summary[16]['k']) and summary[16]['k_undefined'] == 1.0
+    # Holm over the three S p-values: sorted p_(1) <= p_(2) <= p_(3) become 3 p_(1), max(that, 2 p_(2)), ...
+    diffs = {L: [loss('lime', L, s) - loss('baseline', 2 * L, s) for s in range(summary[L]['n_seeds'])]
+             for L in (4, 8, 16)}
+    p = sorted((t_test_p(x), L) for L, x in diffs.items())
+    expect, running = {}, 0.0
+    for j, (pv, L) in enumerate(p):
+        running = max(running, min(1.0, (3 - j) * pv))
+        expect[L] = running
+    for L in (4, 8, 16):
+        assert summary[L]['S_p'] == pytest.approx(t_test_p(diffs[L]))
+        assert summary[L]['S_p_holm'] == pytest.approx(expect[L])
+    assert summary[8]['S_p_holm'] > summary[8]['S_p']
+
+
+def test_reading_and_bootstrap():
+    assert ds.reading(-0.05, 0.02, 0.1, 0.05) == 'matches'
+    assert ds.reading(-0.05, 0.05, 0.1, 0.05) == 'matches'  # wholly <= 0: the upper end at 0 counts
+    assert ds.reading(0.05, 0.02, 0.1, 0.05) == 'does not'
+    assert ds.reading(-0.01, 0.02, 0.1, 0.05) == 'not shown'
+    assert ds.reading(-0.05, 0.02, 0.1, 0.1) == 'out of regime'  # the gate's interval reaches 0
+    assert ds.reading(-0.05, math.nan, 0.1, math.nan) == 'no interval (one seed)'
+    # seeds that agree exactly: every resample gives the same k
+    lo, hi, undefined = ds.bootstrap_k([(2.4, 2.2, 2.2)] * 3, 500, random.Random(0))
+    assert lo == hi == pytest.approx(2.0) and undefined == 0
+    # the resamples of a gate that is zero or below on some seeds: those have no k, and are counted
+    lo, hi, undefined = ds.bootstrap_k([(2.4, 2.3, 2.2), (2.2, 2.1, 2.3)], 1000, random.Random(0))
+    assert 150 < undefined < 350  # both picks of the second seed: 1 in 4
+    # the others: both picks the first (gain 0.1, gate 0.2: k 2^0.5) or one of each (gain 0.1, gate 0.05: k 4)
+    assert lo == pytest.approx(2 ** 0.5) and hi == pytest.approx(4.0)
+
+
+def test_script_writes_csv_and_figure(sweep, tmp_path):
+    out = tmp_path / 'assets'
+    code, stdout, _ = script_here('dev/depth_substitution.py', f'--out_dir={sweep}', f'--csv_path={out}/d.csv',
+                                  f'--plot_path={out}/d.png', f'--max_iters={ITERS}', '--bootstrap=500')
+    assert code == 0
+    assert 'complete seeds (both arms at 4, 8, 16, 32 layers): 3 (0 1 2)' in stdout
+    assert 'baseline-L32-s0 (+0.350)' in stdout
+    with open(out / 'd.csv') as f:
+        runs = list(csv.DictReader(f))
+    assert len(runs) == 28 and {r['status'] for r in runs} == {'done', 'running'}
+    with open(out / 'd_summary.csv') as f:
+        summary = {int(r['L']): r for r in csv.DictReader(f)}
+    assert [summary[L]['reading'] for L in (4, 8, 16)] == ['matches', 'does not', 'out of regime']
+    assert float(summary[4]['S']) == pytest.approx(-0.1 + statistics.mean(F[:3]), abs=1e-5)
+    assert (out / 'd.png').stat().st_size > 10_000
+    with pytest.raises(UserError, match='no directory'):
+        script_here('dev/depth_substitution.py', f'--out_dir={tmp_path}/nothing', f'--csv_path={out}/e.csv')
