@@ -472,10 +472,11 @@ class DepthStream(Stream):
 # one-hot on X_{i+1} at init: every X^c is the block's output, so the model computes the baseline function.
 # PrePostDANorm (mudd_prepost; §2.5, eq. 10, for deep-narrow models; here as the authors' JAX code has it,
 # mudd_prenorm and mudd_postnorm in jax/MaxText/layers/models.py and llama2.py): every source through its own
-# RMSNorm (with a gain) before it is mixed, W1's input norm with a gain, and the residual way (after the last
-# block: the one way) X^r = X_{i+1} + RMSNorm_post(sum_j A_i[r, j] RMSNorm_j(X_j)), its gain 0.001 at init;
-# a_i = 0 at init. So at init the query, key and value inputs of blocks 1.. are zero (their attention adds 0)
-# and X^r is the block's output: not the baseline function.
+# RMSNorm (with a gain) before it is mixed, W1's input norm with a gain, and every way the block's output plus
+# its mix, X^c = X_{i+1} + sum_j A_i[c, j] RMSNorm_j(X_j), except the residual way (after the last block: the
+# one way), whose mix goes through a post norm, X^r = X_{i+1} + RMSNorm_post(sum_j A_i[r, j] RMSNorm_j(X_j)),
+# its gain 0.001 at init; a_i = 0 at init. So at init every input of block i + 1 is block i's output: the
+# baseline function.
 MUDD_WAYS = 4  # query, key, value, residual
 
 
@@ -554,8 +555,9 @@ class MUDDStream(Stream):
             self.sources.append(connection.ln_source(out) if self.prepost else out)
             A = connection(out)  # (ways, B, T, sources)
             mixed = list(sum(A[..., j, None] * X for j, X in enumerate(self.sources)).unbind(0))  # ways x (B, T, d)
-            if self.prepost:  # eq. (10): the residual way (the last) is the block's output plus the normed mix
-                mixed[-1] = out + connection.ln_post(mixed[-1])
+            if self.prepost:  # eq. (10) as the authors' code has it: every way is the block's output plus its
+                # mix, the residual way's (the last) through the post norm
+                mixed = [out + m for m in mixed[:-1]] + [out + connection.ln_post(mixed[-1])]
         self.inputs = tuple(mixed)
 
     def output(self):

@@ -498,9 +498,10 @@ def naive_mudd(model, idx, targets):
     gain), rows (query, key, value, residual), and X^c = sum_j A_i[c, j] X_j; after the last block one row: the
     final norm's input. Block 0's three attention inputs are the embedding, through one norm.
     With mudd_prepost, PrePostDANorm (§2.5, eq. 10) as the authors' JAX code has it (mudd_prenorm, mudd_postnorm):
-    every source through its own RMSNorm with a gain, Y_j = RMSNorm_j(X_j); A_i's RMSNorm with a gain; the mixes
-    X^c = sum_j A_i[c, j] Y_j, except the residual way (the last; after the last block the only one),
-    X^r = X_{i+1} + RMSNorm_post(sum_j A_i[r, j] Y_j). The norms written out here: x / sqrt(mean(x^2) + eps) * g."""
+    every source through its own RMSNorm with a gain, Y_j = RMSNorm_j(X_j); A_i's RMSNorm with a gain; every way
+    c of the next block's input is y + (post_norm(wsum_c) if c is the last way else wsum_c), y = X_{i+1} the
+    block's output and wsum_c = sum_j A_i[c, j] Y_j (the residual way is the last; after the last block the only
+    one). The norms written out here: x / sqrt(mean(x^2) + eps) * g."""
     c = model.config
     rms = lambda x, g: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + c.norm_eps) * g
     prepost = c.mudd_prepost
@@ -527,9 +528,12 @@ def naive_mudd(model, idx, targets):
         Y.append(rms(X[-1], conn.ln_source.weight) if prepost else X[-1])
         ways = 4 if i < c.n_layer - 1 else 1
         A = (F.gelu(x @ conn.w1) @ conn.w2).view(B, T, ways, i + 2) + conn.bias  # (B, T, ways, i + 2)
-        inputs = [sum(A[:, :, w, j, None] * Y[j] for j in range(i + 2)) for w in range(ways)]
-        if prepost:  # eq. (10): the residual way
-            inputs[-1] = X[-1] + rms(inputs[-1], conn.ln_post.weight)
+        wsum = [sum(A[:, :, w, j, None] * Y[j] for j in range(i + 2)) for w in range(ways)]
+        if prepost:  # the authors' mudd_postnorm: y + (post_norm(wsum_c) if c is the last way else wsum_c)
+            y = X[-1]
+            inputs = [y + (rms(wsum[c], conn.ln_post.weight) if c == ways - 1 else wsum[c]) for c in range(ways)]
+        else:
+            inputs = wsum
     logits = model.lm_head(model.transformer.ln_f(inputs[0]))
     return logits, F.cross_entropy(logits.view(-1, V), targets.view(-1))
 
@@ -553,10 +557,12 @@ def test_mudd_prepost_matches_eq_10(kw):
 def test_mudd_prepost_init():
     """PrePostDANorm's init, the authors' (jax/MaxText/layers/llama2.py, models.py): a_i = 0, the post norm's gain
     0.001, the other norms' 1; W1 as plain MUDD's (one seed, the same draw). Its norms are parameters only: the
-    parameter count grows by d per norm, the FLOP count not at all. At init the query, key and value inputs of
-    blocks 1.. are 0, so their attention adds nothing: every block after the first is its MLP on the stream."""
+    parameter count grows by d per norm, the FLOP count not at all. Every way is the block's output plus its
+    mix, and every mix is 0 at init: block 1's query input is block 0's output (not zero), and the model
+    computes the baseline function (with the baseline's weights: one seed)."""
     L, d = 4, 32
-    plain, model = build(seed=3, mudd=True), build(seed=3, mudd=True, mudd_prepost=True)
+    base, plain = build(seed=3), build(seed=3, mudd=True)
+    model = build(seed=3, mudd=True, mudd_prepost=True)
     for i, (p, conn) in enumerate(zip(plain.mudd, model.mudd)):
         assert torch.equal(conn.w1, p.w1) and conn.bias.abs().max() == 0 and conn.w2.abs().max() == 0
         assert torch.equal(conn.ln_post.weight, torch.full((d,), 0.001))
@@ -565,11 +571,17 @@ def test_mudd_prepost_init():
     assert model.get_num_params() - plain.get_num_params() == d * (3 * L + 1)
     assert model.flops_per_token(16) == plain.flops_per_token(16)
     x = torch.randint(0, V, (2, 16))
+    seen = []  # block 1's query input: what its ln_1 reads
+    hook = model.transformer.h[1].ln_1.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    logits = model(x, x)[0]
+    hook.remove()
+    block0 = model.transformer.h[0]
     h = model.transformer.wte(x)
-    h = h + model.transformer.h[0].attn(model.transformer.h[0].ln_1(h), model.rope)
-    for block in model.transformer.h:  # blocks 1..: their attention reads zero inputs and adds 0
-        h = h + block.mlp(block.ln_2(h))
-    torch.testing.assert_close(model(x, x)[0], model.lm_head(model.transformer.ln_f(h)), atol=1e-5, rtol=1e-5)
+    h = h + block0.attn(block0.ln_1(h), model.rope)
+    out0 = h + block0.mlp(block0.ln_2(h))  # block 0's output
+    assert out0.abs().max() > 0.01  # not zero: the old form fed blocks 1.. zero queries
+    torch.testing.assert_close(seen[0], out0, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(logits, base(x, x)[0], atol=1e-5, rtol=1e-5)
     _, grads = loss_and_grads(model, x, x)
     assert all(grads[f"mudd.{i}.{n}"].abs().sum() > 0 for i in range(L) for n in ("w2", "bias"))
 
