@@ -8,6 +8,7 @@ which commit our arm matches and where it differs on purpose (the fixture then u
 Here our arm is built with the fixture's options, given its weights, and must give the same logits and every
 gradient to 1e-5 of the tensor's scale.
 """
+import dataclasses
 import glob
 import os
 
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import REPO
+from model import GPT, GPTConfig
 from relatives import RelativesConfig, build_model
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "authors")
@@ -23,7 +25,7 @@ TOLERANCE = 1e-5  # max |ours - theirs| / max |theirs|, per tensor
 # the fixtures' shape (dev/authors/fixture.py, SHAPE)
 SHAPE = dict(block_size=8, vocab_size=32, n_layer=3, n_head=4, n_embd=16, mlp_hidden=32, norm_eps=1e-6)
 NAMES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(FIXTURES, "*.pt")))
-EXPECTED = ["denseformer", "muddformer"]  # every relative with a fixture: a fixture that goes missing fails here
+EXPECTED = ["denseformer", "moda", "muddformer"]  # every relative with a fixture: a fixture that goes missing fails here
 
 
 def load(name):
@@ -79,8 +81,9 @@ def test_the_relative_matters_in_its_fixture(name):
     """The fixture tells the relative from the baseline: the baseline's model on the fixture's shared weights
     gives logits far outside the tolerance (so a relative that did nothing could not pass)."""
     fixture = load(name)
+    shape = {f.name for f in dataclasses.fields(GPTConfig)}  # the fixture's options that are the baseline's
     torch.manual_seed(0)
-    baseline = build_model(RelativesConfig(**SHAPE, tie_embeddings=fixture["options"].get("tie_embeddings", True)))
+    baseline = GPT(GPTConfig(**SHAPE, **{k: v for k, v in fixture["options"].items() if k in shape}))
     shared = {n: p for n, p in baseline.named_parameters()}
     with torch.no_grad():
         for n, p in shared.items():
