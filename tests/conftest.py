@@ -415,6 +415,53 @@ def process_state():
     return state
 
 
+def starts_python(args):
+    """Whether a command (Popen's first argument) starts a Python or torchrun: what the slow marker is for."""
+    first = args if isinstance(args, (str, bytes, os.PathLike)) else (list(args) or [''])[0]
+    first = os.fsdecode(first).split()[0] if isinstance(args, (str, bytes)) else os.fsdecode(first)
+    name = os.path.basename(first)
+    return first == sys.executable or name.startswith('python') or name == 'torchrun'
+
+
+@contextlib.contextmanager
+def processes_started():
+    """A list of the Python processes (the start of each command) and torch.compile calls begun in the block."""
+    started = []
+
+    class Watched(subprocess.Popen):
+        def __init__(self, args, *a, **kw):
+            if starts_python(args):
+                command = [args] if isinstance(args, (str, bytes)) else args
+                started.append(' '.join(map(os.fsdecode, command))[:120])
+            super().__init__(args, *a, **kw)
+
+    compile_ = torch.compile
+
+    def compile(*a, **kw):
+        started.append('torch.compile')
+        return compile_(*a, **kw)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subprocess, 'Popen', Watched)
+        mp.setattr(torch, 'compile', compile)
+        yield started
+
+
+@pytest.fixture(autouse=True)
+def slow_is_marked(request):
+    """A test that starts a Python process (a script, DDP ranks, a sweep's runs) or calls torch.compile is
+    marked slow, so that `python -m pytest -m "not slow"` is the quick loop it says: a test without the
+    marker that does either errs, naming what it started."""
+    if request.node.get_closest_marker('slow'):
+        yield
+        return
+    with processes_started() as started:
+        yield
+    if started:
+        more = f' and {len(started) - 1} more' if len(started) > 1 else ''
+        pytest.fail(f"this test starts {started[0]!r}{more}: mark it @pytest.mark.slow (pytest.ini), so that "
+                    "-m 'not slow' leaves it out")
+
+
 @pytest.fixture(autouse=True)
 def nothing_leaks():
     """After each test (after monkeypatch's undoing, which stops at its first step that fails), everything in

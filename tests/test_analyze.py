@@ -202,6 +202,7 @@ def test_a_dataset_of_another_vocabulary_is_named_so(tmp_path, analyze_here):
                        "trained on") and skipped in stdout
 
 
+@pytest.mark.slow
 def test_out_of_memory_advice_is_analyze_s(tmp_path):
     """study/analyze.py out of memory: its own knobs, not train.py's batch_size advice (the error faked, by a
     sitecustomize module on PYTHONPATH), run as `python -m study.analyze`."""

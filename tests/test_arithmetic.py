@@ -282,6 +282,7 @@ def tiny_run(out, data_dir, meta=True):
     return out
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_tiny_checkpoint(tmp_path, run_here, capsys):
     import json
     data = tmp_path / 'data' / 'arith_tiny'

@@ -38,6 +38,7 @@ def rows(stdout, setting, n_layer=2):
 
 
 # ----------------------------------------------------------------------------- end to end
+@pytest.mark.slow
 def test_json_table_and_ratios(tmp_path):
     out = tmp_path / 'bench.json'
     p = run(*TINY, '--variants=baseline,lime,lime:last-2,hc', '--settings=mha-eager,gqa-eager', f'--json={out}',
@@ -68,6 +69,7 @@ def test_json_table_and_ratios(tmp_path):
     assert 'mem: bytes saved for backward' in p.stdout and f'wrote {out}' in p.stdout
 
 
+@pytest.mark.slow
 def test_sequential_bfloat16_and_mfu(tmp_path):
     out = tmp_path / 'b.json'
     p = run(*TINY, '--variants=hc:dynamic,baseline', '--interleave=False', '--dtype=bfloat16',
@@ -98,6 +100,7 @@ runpy.run_path('bench.py', run_name='__main__')
 """
 
 
+@pytest.mark.slow
 def test_a_compile_failure_is_reported_and_the_rest_runs(tmp_path):
     out = tmp_path / 'c.json'
     p = run(*TINY, '--variants=baseline,lime,hc', '--settings=mha-compiled,mha-eager', f'--json={out}',
@@ -122,6 +125,7 @@ def broken(self, *a, **k):
 model.GPT.forward = broken""")
 
 
+@pytest.mark.slow
 def test_an_eager_failure_is_not_swallowed():
     p = run(*TINY, '--variants=baseline,lime', code=LIME_FAILS)
     assert p.returncode == 1 and p.stderr.strip().splitlines() == [
@@ -139,6 +143,7 @@ print('fresh caches:', len(caches))
 """
 
 
+@pytest.mark.slow
 def test_compiled_setting(tmp_path):
     """bench.py's compiled setting: torch.compile(fullgraph=True), each variant's first step in an empty cache."""
     out = tmp_path / 'c.json'
@@ -173,6 +178,7 @@ def test_bad_arguments_are_user_errors_before_any_work(arg, words, monkeypatch, 
     assert capsys.readouterr().out == ''  # nothing ran
 
 
+@pytest.mark.slow
 def test_a_bad_argument_prints_one_error_line():
     p = run(*TINY, '--settings=mha-eagr')
     assert p.returncode == 1 and p.stdout == '' and p.stderr.splitlines() == [
@@ -180,6 +186,7 @@ def test_a_bad_argument_prints_one_error_line():
         "e.g. --settings=mha-eager,gqa-compiled"]
 
 
+@pytest.mark.slow
 def test_config_files(tmp_path):
     bad = tmp_path / 'bad.py'
     bad.write_text("batchsize = 4\n")
@@ -293,6 +300,7 @@ def test_cuda_memory_measure_uses_the_indexed_device(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- dev/bench_detail.py
+@pytest.mark.slow
 def test_bench_detail_all_sections():
     p = run(*TINY, '--variants=baseline,lime', '--profile_steps=1', '--profile_top=3', '--decode_tokens=4',
             '--decode_iters=1', '--depths=1,2', script='dev/bench_detail.py')
@@ -303,12 +311,14 @@ def test_bench_detail_all_sections():
     assert 'lime: ratio 1.000x at 1 layers -> ' in out  # one layer: LIMe has no router, same memory
 
 
+@pytest.mark.slow
 def test_bench_detail_bad_section():
     p = run('--sections=profil', script='dev/bench_detail.py')
     assert p.returncode == 1 and p.stderr.strip().splitlines() == [
         "error: --sections='profil': use a comma list of profile, decode and memory"]
 
 
+@pytest.mark.slow
 def test_a_benchmark_cut_short_keeps_what_it_measured(tmp_path):
     """--json is written after every variant: a run stopped later (here by LIMe's failing forward; on a lent GPU by
     its time limit) leaves the variants measured before it."""

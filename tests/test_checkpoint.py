@@ -45,6 +45,7 @@ TINY = ['--device=cpu', '--n_layer=1', '--n_head=2', '--n_embd=16', '--block_siz
         '--total_batch_size=64', '--eval_iters=1', '--warmup_iters=1', '--log_interval=1', '--compile=False']
 
 
+@pytest.mark.slow
 def test_every_loader_refuses_non_finite_weights(data_dir, tmp_path, run_here):
     """A checkpoint whose weights hold a NaN (damaged outside train.py, which stops at a non-finite loss before
     saving) is refused in one line naming the file and the tensor, by every script that loads one."""
@@ -267,6 +268,7 @@ torch.save = save
 """
 
 
+@pytest.mark.slow
 def test_kill_during_save_leaves_the_previous_checkpoint(data_dir, tmp_path, run_here, capsys):
     out = str(tmp_path)
     p = run(patched(KILL_IN_SECOND_SAVE), *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=20',

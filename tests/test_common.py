@@ -37,6 +37,7 @@ def test_autocast_is_mixed_precision_except_in_float32():
 
 
 # ------------------------------------------------------------------------ one error line, or with --debug the traceback
+@pytest.mark.slow
 def test_debug_shows_the_traceback(data_dir, monkeypatch, capsys):
     """--debug (a bare flag; --debug=True is the same check) and NANOLIME_DEBUG=1: the traceback instead."""
     p = run('train.py', f'--data_dir={data_dir}', '--n_layers=2', '--debug')
@@ -93,6 +94,7 @@ torch.optim.AdamW.step = step
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('stopping, how', [(1, 'kill'), (0, 'error')])
 def test_a_rank_that_stops_alone_is_named_by_the_other(stopping, how, data_dir, tmp_path, monkeypatch):
     """The other rank says what happened and that the checkpoint is intact, not gloo's text."""
@@ -143,6 +145,7 @@ sys.meta_path.insert(0, CtrlC())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('script', SCRIPTS)
 def test_ctrl_c_while_torch_loads_is_one_line(script):
     run_script = f"import runpy\nsys.argv[0] = {script!r}\nrunpy.run_path({script!r}, run_name='__main__')\n"

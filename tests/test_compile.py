@@ -13,6 +13,8 @@ from model import GPT, GPTConfig
 from relatives import RelativesConfig, build_model  # noqa: E402
 from conftest import saved_bytes
 
+pytestmark = pytest.mark.slow  # every test here compiles
+
 V = 50
 
 

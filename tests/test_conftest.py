@@ -27,6 +27,7 @@ def test_the_cuda_tests_use_it():
     assert "pytest.mark.usefixtures('full_float32')" in text and 'allow_tf32' not in text
 
 
+@pytest.mark.slow
 def test_plain_pytest_without_xdist():
     """Without pytest-xdist the suite runs in one process: no '-n' that pytest would not know."""
     p = subprocess.run([sys.executable, '-m', 'pytest', '-p', 'no:xdist', '--collect-only', 'tests/test_conftest.py'],
@@ -50,6 +51,7 @@ def test_every_core_when_xdist_is_there(plugin, given, dist, worker, want):
     assert (option.numprocesses, option.dist) == want
 
 
+@pytest.mark.slow
 def test_a_plain_pytest_run_is_spread_over_every_core():
     """The hook above takes effect in a real run: xdist reads -n before collecting, so conftest's hook must run
     before xdist's (an xdist whose hook ran first quietly left the suite in one process)."""
@@ -87,3 +89,23 @@ def test_no_test_file_imports_another():
             found += [f'{os.path.basename(path)}:{node.lineno} imports {name}' for name in names
                       if any(part.startswith('test_') for part in name.split('.'))]
     assert found == [], 'move what they share into tests/conftest.py:\n' + '\n'.join(found)
+
+
+def test_starts_python_tells_python_and_torchrun_from_other_programs():
+    assert conftest.starts_python([sys.executable, 'train.py']) and conftest.starts_python(['python3', '-c', 'pass'])
+    assert conftest.starts_python(['/usr/bin/torchrun', '--standalone']) and conftest.starts_python('python x.py')
+    assert not conftest.starts_python(['git', 'rev-parse', 'HEAD']) and not conftest.starts_python('true')
+
+
+@pytest.mark.slow  # it starts a Python: unmarked, the watch around every test would fail it
+def test_the_processes_a_test_starts_are_seen():
+    """What processes_started sees, as the fixture that fails an unmarked test sees it: a Python started through
+    subprocess (run uses Popen), torch.compile; not other programs. Afterwards Popen and compile are torch's."""
+    popen, compile_ = subprocess.Popen, torch.compile
+    with conftest.processes_started() as started:
+        subprocess.run(['true'], check=True)
+        assert started == []
+        subprocess.run([sys.executable, '-c', 'pass'], check=True)
+        torch.compile(lambda x: x)
+    assert started == [f'{sys.executable} -c pass', 'torch.compile']
+    assert subprocess.Popen is popen and torch.compile is compile_

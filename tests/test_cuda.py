@@ -89,6 +89,7 @@ def test_two_phase_routing_matches_eq2_on_cuda(n_kv_head, monkeypatch):
                                            msg=f"{name} ({where})")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kw', [dict(lime=True, n_kv_head=2), dict(lime=True, router='dynamic')],
                          ids=['lime-gqa', 'lime-dynamic'])
 def test_inductor_matches_eager_on_cuda(kw):
@@ -143,6 +144,7 @@ def sdpa_ops(fn):
     return {e.key for e in prof.key_averages() if 'scaled_dot_product' in e.key}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('n_kv_head, compiled', [(8, False), (2, False), (2, True)],
                          ids=['mha', 'gqa', 'gqa-compiled'])
 def test_sdpa_runs_a_fused_kernel_on_routed_keys_and_values(n_kv_head, compiled):
@@ -170,6 +172,7 @@ def test_sdpa_runs_a_fused_kernel_on_routed_keys_and_values(n_kv_head, compiled)
         assert any(k in op for op in ops for k in FUSED) and not any('math' in op for op in ops), ops
 
 
+@pytest.mark.slow
 def test_compiled_peak_memory_is_flat_in_depth():
     """Peak CUDA memory of one compiled bf16 training step (forward and backward), LIMe over the
     baseline, at 4 and 8 layers: activations dominate (vocab 50), and LIMe adds about a fixed share per
@@ -204,6 +207,7 @@ def test_compiled_peak_memory_is_flat_in_depth():
 
 
 # ----------------------------------------------------------------------------- train.py and sample.py
+@pytest.mark.slow
 def test_train_on_cuda_compiled_bf16_then_sample_on_the_cpu(data_dir, tmp_path):
     """train.py on the GPU as its defaults run it there (compile, bf16, fused AdamW): the loss falls; the
     checkpoint samples on the GPU and, loaded on the CPU, samples there too."""

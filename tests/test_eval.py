@@ -332,6 +332,7 @@ def one_error_line(result):
     return lines[0]
 
 
+@pytest.mark.slow
 def test_eval_py_end_to_end(runs, task_dir, eval_here, capsys):
     ckpt_dir = runs[1]
     assert eval_here(f"--out_dir={ckpt_dir}", "--device=cpu", "--tasks=tiny_mc", f"--include_path={task_dir[0]}",
@@ -347,6 +348,7 @@ def test_eval_py_end_to_end(runs, task_dir, eval_here, capsys):
     assert 0.0 <= acc <= 1.0 and res["n-shot"]["tiny_mc"] == 1 and res["n-samples"]["tiny_mc"]["effective"] == 6
 
 
+@pytest.mark.slow
 def test_error_lm_eval_missing(runs):
     line = one_error_line(runs[0]["missing"])
     assert line == "error: integrations/eval.py needs lm-eval: pip install -r requirements-eval.txt"
@@ -358,6 +360,7 @@ def test_error_not_our_checkpoint(task_dir, eval_here, tmp_path):
         eval_here(f"--out_dir={tmp_path / 'foreign.pt'}", "--tasks=tiny_mc", f"--include_path={task_dir[0]}")
 
 
+@pytest.mark.slow
 def test_error_unknown_task(runs, task_dir, eval_here):
     with pytest.raises(common.UserError) as e:
         eval_here(f"--out_dir={runs[1]}", "--device=cpu", "--tasks=tiny_mcq", f"--include_path={task_dir[0]}",
@@ -366,6 +369,7 @@ def test_error_unknown_task(runs, task_dir, eval_here):
     assert "unknown task 'tiny_mcq'" in line and "did you mean tiny_mc?" in line and line.endswith("has: tiny_mc)")
 
 
+@pytest.mark.slow
 def test_error_no_network(runs):
     line = one_error_line(runs[0]["offline"])
     assert line.startswith("error: task hub_mc needs its dataset from the Hugging Face hub and there is no network")

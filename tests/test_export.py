@@ -308,6 +308,7 @@ def test_refusals(runs, tmp_path, data_dir):
                         f'--data_dir={data_dir}', f'--out_dir={tmp_path}/o-{folder}')
 
 
+@pytest.mark.slow
 def test_refusal_is_one_line_in_a_process(runs, tmp_path):
     p = run('integrations.export', f'--out_dir={runs("baseline-mha")}', f'--to={tmp_path}/x', '--format=lime-authors')
     assert p.returncode == 1 and p.stderr.startswith('error: ') and p.stderr.count('\n') == 1
@@ -363,6 +364,7 @@ def make_llama(folder, data_dir, **kw):
     return str(folder)
 
 
+@pytest.mark.slow
 def test_sigterm_after_a_llama_import_prints_a_resume_command_that_works(tmp_path, data_dir, capsys):
     """SIGTERM stops a run imported from a Llama whose settings are not our defaults; the command it prints to go
     on (the same one, --init_from=resume in place of --init_from=hf:DIR) resumes it."""

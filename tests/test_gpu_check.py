@@ -82,6 +82,7 @@ def test_the_minutes_are_split_over_the_stages_by_their_shares():
     assert stages[0][1] == 'table9' and 'mha-compiled' in stages[0][3][1][2]
 
 
+@pytest.mark.slow
 def test_stages_selects_some_and_names_the_valid_ones_when_wrong():
     _, stages = dry_run('--minutes=4', '--stages=ddp,2')
     assert [(n, name) for n, name, *_ in stages] == [(2, 'train'), (4, 'ddp')]  # in the check's order
@@ -138,6 +139,7 @@ def test_a_stage_whose_time_is_gone_is_skipped_and_the_report_is_written_after_e
     assert re.search(r'^## 1\. early: ok \([\d.]+ of 1.7 min\)$', md, re.M)
 
 
+@pytest.mark.slow
 def test_a_machine_with_torch_alone_is_told_what_to_install():
     """A fresh GPU machine often has torch and nothing else: one line naming what is missing and the command."""
     hide = ("import runpy, sys\nsys.modules['numpy'] = sys.modules['tiktoken'] = None  # not installed\n"
@@ -169,6 +171,7 @@ def alive(pid):
         return False
 
 
+@pytest.mark.slow
 def test_failures_and_overruns_are_recorded_and_the_next_stage_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_check, 'MIN_STAGE_S', 1)  # a stage of 3 s runs
     out, pid_file = str(tmp_path / 'out'), tmp_path / 'child.pid'

@@ -211,6 +211,7 @@ def one_line_error(r):
     return lines[0]
 
 
+@pytest.mark.slow
 def test_unknown_dataset_one_line_error():
     r = run_prepare('tinystories')  # a real process: what the user sees
     line = one_line_error(r)

@@ -84,6 +84,7 @@ def swept(data_dir, tmp_path_factory):
     return root, args, p.stdout, tty.decode()
 
 
+@pytest.mark.slow
 def test_end_to_end_csv_table_multiplier_bar_plot(swept):
     root, _, stdout, tty = swept
     rows = read_csv(os.path.join(root, 'sweep.csv'))
@@ -144,6 +145,7 @@ def data_rng_states(run_dir):
     return json.dumps([r['data'] for r in ckpt['rng']], sort_keys=True, default=str)
 
 
+@pytest.mark.slow
 def test_same_seed_same_data_order(swept):
     """train.py's data sampler is seeded by the seed alone: after the same number of batches its RNG is
     in the same state in both variants with that seed (so they drew the same batches: the generator's
@@ -154,6 +156,7 @@ def test_same_seed_same_data_order(swept):
     assert states['lime', 0] != states['lime', 1]
 
 
+@pytest.mark.slow
 def test_one_sweep_per_out_dir_and_report_only_alongside(swept, run_here, capsys):
     """While another process holds the sweep's directory (an exclusive flock on <out_dir>/.lock holding its
     pid), a second sweep stops at once with one line naming both; report_only still reads."""
@@ -179,6 +182,7 @@ def copy_of(root, tmp_path, name):
     return str(tmp_path / name)
 
 
+@pytest.mark.slow
 def test_rerun_trains_nothing_and_changed_options_are_refused(swept, run_here, capsys, tmp_path):
     root, args, _, _ = swept
     again = copy_of(root, tmp_path, 'again')
@@ -206,6 +210,7 @@ def test_rerun_trains_nothing_and_changed_options_are_refused(swept, run_here, c
     assert now == was and {r['status'] for r in now.values()} == {'done'}
 
 
+@pytest.mark.slow
 def test_a_second_command_keeps_the_first_ones_rows(swept, run_here, capsys, tmp_path):
     """An arm added to an out_dir by a second command: sweep.csv keeps the first command's rows of the runs it
     does not name (as written, but for out_dir, which follows the runs, and best_of_arm), best_of_arm spans
@@ -233,6 +238,7 @@ def test_a_second_command_keeps_the_first_ones_rows(swept, run_here, capsys, tmp
         'baseline0', 'baseline1', 'lime0', 'lime~learning_rate=4e-30', 'lime~learning_rate=4e-31']
 
 
+@pytest.mark.slow
 def test_a_lower_max_iters_over_longer_runs_is_refused(swept, run_here, capsys, tmp_path):
     """Their evaluation at the lower max_iters is mid-schedule: not the result of a run that long."""
     root, args, _, _ = swept
@@ -245,6 +251,7 @@ def test_a_lower_max_iters_over_longer_runs_is_refused(swept, run_here, capsys, 
     assert [r['status'] for r in read_csv(os.path.join(lower, 'sweep.csv'))] == ['done'] * 4  # kept, not replaced
 
 
+@pytest.mark.slow
 def test_a_run_killed_between_its_checkpoint_and_its_log_is_finished_by_a_rerun(swept, run_here, capsys, tmp_path):
     """A kill after the last checkpoint's write, before the log's: the log lacks the final evaluation. The rerun
     resumes the run (nothing to train) and the checkpoint's copy of the log completes it: done, not FAILED."""
@@ -264,6 +271,7 @@ def test_a_run_killed_between_its_checkpoint_and_its_log_is_finished_by_a_rerun(
     assert row['status'] == 'done' and float(row['val_loss']) == final['val_loss'] and read_log(run_dir)[-1] == final
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason="a run learns of its sweep's death on Linux only")
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL], ids=['SIGTERM', 'SIGKILL'])
 def test_a_stopped_sweep_leaves_no_run_training(sig, data_dir, tmp_path):
@@ -345,6 +353,7 @@ def resumed_and_failed(data_dir, tmp_path_factory):
     return root, before, p
 
 
+@pytest.mark.slow
 def test_interrupted_run_is_resumed(resumed_and_failed):
     root, before, p = resumed_and_failed
     assert '0 already done, 0 to evaluate, 1 to resume, 3 to start' in p.stdout
@@ -363,6 +372,7 @@ def test_interrupted_run_is_resumed(resumed_and_failed):
     assert len(re.findall(r'^(?:done|FAILED) \S+ \(\d/4\)', p.stdout + p.stderr, re.M)) == 4
 
 
+@pytest.mark.slow
 def test_failed_run_is_reported_and_the_others_finish(resumed_and_failed):
     root, _, p = resumed_and_failed
     assert p.returncode == 1 and 'Traceback' not in p.stderr
@@ -418,6 +428,7 @@ def test_variant_names(sweep_fns):
             options(f'lime~{key}=5')
 
 
+@pytest.mark.slow
 def test_budgets_reuse_finished_runs_and_fit_the_multiplier(swept, run_here, capsys, tmp_path):
     """Rerunning a finished sweep with --budgets trains only the reference's new budgets (a complete run each,
     its schedule scaled), reuses every finished run, and fits the multiplier through the reference's final
@@ -467,6 +478,7 @@ def arithmetic_swept(tmp_path_factory):
     return root, args, ok(subprocess.CompletedProcess([], *script_here('sweep.py', *args, f'--out_dir={root}')))
 
 
+@pytest.mark.slow
 def test_arithmetic_runs_get_accuracy_per_tier(arithmetic_swept):
     """The accuracy per tier and its majority baseline go into the CSV and a table per tier."""
     root, _, p = arithmetic_swept
@@ -483,6 +495,7 @@ def test_arithmetic_runs_get_accuracy_per_tier(arithmetic_swept):
     assert 'vs majority baseline' in p.stdout
 
 
+@pytest.mark.slow
 def test_a_run_without_its_score_is_scored_not_trained_again(arithmetic_swept, run_here, capsys, tmp_path):
     root, args, _ = arithmetic_swept
     again = copy_of(root, tmp_path, 'again')
@@ -525,6 +538,7 @@ if sys.argv[0].endswith('train.py'):
 """
 
 
+@pytest.mark.slow
 def test_gpus_one_run_per_gpu_at_a_time(data_dir, tmp_path, monkeypatch):
     """--gpus=0,1 on a machine whose torch.cuda reports two GPUs (patched), and whose sweep was itself given
     GPUs 5 and 7 (CUDA_VISIBLE_DEVICES): three runs, two at a time, each on a GPU no other run is using,
@@ -569,6 +583,7 @@ def test_gpus_that_are_not_there_are_refused(data_dir, tmp_path, run_here, monke
         assert not root.exists()
 
 
+@pytest.mark.slow
 def test_runs_are_not_ranks_of_the_job_that_started_the_sweep(data_dir, tmp_path):
     """A sweep started inside a distributed job (torchrun or a scheduler set RANK, WORLD_SIZE, ...) trains and
     checks its runs as single processes: with those variables passed on, a run would be rank 1 of 2 and refuse
@@ -584,6 +599,7 @@ def test_runs_are_not_ranks_of_the_job_that_started_the_sweep(data_dir, tmp_path
 
 
 
+@pytest.mark.slow
 def test_a_longer_run_keeps_its_schedule_and_another_schedule_is_refused(swept, run_here, capsys, tmp_path):
     """A rerun with max_iters raised alone continues the finished runs on their own lr schedule (past
     lr_decay_iters at min_lr, exactly as a fresh run that long: same loss); sweep.csv records each run's
@@ -650,6 +666,7 @@ def test_file_problems_are_one_line(run_here, data_dir, tmp_path):
             run_here('sweep.py', f'--out_dir={ro}', *tiny)
 
 
+@pytest.mark.slow
 def test_a_damaged_sweep_json_is_said_and_repaired(swept, run_here, capsys, tmp_path):
     """report_only: the run is 'unknown', with a warning naming the file; a sweep checks the run (train.py has
     nothing left to do) and writes it anew: done, with its result."""
@@ -678,6 +695,7 @@ if sys.argv[0].endswith('train.py'):
 """
 
 
+@pytest.mark.slow
 def test_a_run_directory_deleted_while_the_sweep_runs_is_said_so(data_dir, tmp_path):
     (tmp_path / 'patch').mkdir()
     (tmp_path / 'patch' / 'sitecustomize.py').write_text(DELETES_ITS_RUN)
@@ -689,6 +707,7 @@ def test_a_run_directory_deleted_while_the_sweep_runs_is_said_so(data_dir, tmp_p
                           "again" in err, err
 
 
+@pytest.mark.slow
 def test_a_completep_variant_reaches_train_py(run_here, data_dir, tmp_path):
     """CompleteP through a variant's '~' options: its runs train with depth_scaling='completep' and its depth_base,
     whatever their depth (the depth sweep it is for)."""
@@ -703,6 +722,7 @@ def test_a_completep_variant_reaches_train_py(run_here, data_dir, tmp_path):
     assert rows['baseline']['status'] == rows[variant]['status']
 
 
+@pytest.mark.slow
 def test_a_rerun_on_other_data_is_refused_and_rows_carry_the_data(swept, run_here, capsys, tmp_path):
     """The runs' results are those of the data they trained on: a rerun pointed at another dataset does not report
     them as done (nor resume them on it); the same data in another place is the same data. sweep.csv names it."""

@@ -214,6 +214,7 @@ def test_accumulation_is_derived_from_total_batch_size(data_dir, tmp_path, run_h
     assert [r['loss'] for r in la if 'loss' in r] == pytest.approx([r['loss'] for r in lb if 'loss' in r], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_ddp_cpu_two_ranks(data_dir, tmp_path):
     """torchrun, 2 gloo ranks, gradient accumulation, Muon (and AdamW beside it; AdamW alone before torch 2.9):
     both ranks end with identical weights, and DDP does not broadcast the model's buffers at every forward."""
@@ -258,6 +259,7 @@ torch.compile = functools.partial(torch.compile, backend='eager')
 """
 
 
+@pytest.mark.slow
 def test_compile_smoke_cpu(data_dir, tmp_path, run_here):
     """LIMe trains with --compile=True (torch.compile) and matches eager over the first steps."""
     out = str(tmp_path / 'c')
@@ -406,6 +408,7 @@ def test_configs(train_config):
     assert c['total_batch_size'] == c['batch_size'] * c['block_size']  # one micro-step
 
 
+@pytest.mark.slow
 def test_muon_on_a_torch_without_it_is_one_line(data_dir, tmp_path):
     """torch.optim.Muon came in torch 2.9: on an older release optimizer='muon' is refused before any work, in one
     line naming the version it needs (torch.optim.Muon removed here stands in for an older torch)."""
@@ -456,6 +459,7 @@ def test_bad_config(args, needles, data_dir, run_here):
     assert all(n in line for n in needles), (needles, line)
 
 
+@pytest.mark.slow
 def test_bad_config_is_one_error_line(data_dir):
     """As the user sees it, from a real process: one line on stderr, exit status 1, nothing else."""
     p = run('train.py', f'--data_dir={data_dir}', '--out_dir=/nonexistent/never-written', '--n_layers=2')
@@ -602,6 +606,7 @@ checkpoint.atomic_write = atomic_write
 """
 
 
+@pytest.mark.slow
 def test_kill_between_checkpoint_and_log_loses_no_record(data_dir, tmp_path, run_here, capsys):
     """The checkpoint (iter 10) is replaced, the log (iter 5) is not: the resumed run writes the records between."""
     out = str(tmp_path)
@@ -636,6 +641,7 @@ def test_a_log_that_fell_behind_its_checkpoint_is_completed_on_resume(run_copy, 
     assert files(run_copy)['log.jsonl'].startswith(complete)
 
 
+@pytest.mark.slow
 def test_sigint_saves_a_checkpoint_and_exits(data_dir, tmp_path, run_here, capsys):
     out = str(tmp_path)
     code, stdout, stderr = interrupted([*TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=100000',
@@ -665,6 +671,7 @@ torch.optim.AdamW.step = step
 """
 
 
+@pytest.mark.slow
 def test_non_finite_weights_on_one_rank_stop_every_rank(data_dir, tmp_path):
     """Two DDP ranks (gloo), as torchrun starts them; one rank's weights go non-finite before a checkpoint:
     every rank reaches the same verdict and exits with the same error, none waits in a collective."""
@@ -696,6 +703,7 @@ torch.save = save
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
 def test_a_full_disk_under_ddp_is_rank_0s_error_on_every_rank(data_dir, tmp_path):
     args = [*TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={tmp_path}', '--max_iters=4', '--eval_interval=4',
@@ -707,6 +715,7 @@ def test_a_full_disk_under_ddp_is_rank_0s_error_on_every_rank(data_dir, tmp_path
     assert os.listdir(tmp_path) == ['.lock']
 
 
+@pytest.mark.slow
 def test_every_ddp_rank_stops_when_the_out_dir_is_busy(run_copy, data_dir, held):
     """Only rank 0 takes the lock; its verdict reaches rank 1, which would otherwise go on alone and wait for rank 0
     in its first collective (or fail there with gloo's own error)."""
@@ -759,6 +768,7 @@ def test_a_half_set_ddp_environment_is_refused(env, missing, data_dir, tmp_path)
     assert not os.path.exists(f'{tmp_path}/out')
 
 
+@pytest.mark.slow
 def test_a_half_set_ddp_environment_is_one_line_in_a_process(data_dir, tmp_path):
     p = run('train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={tmp_path}/out', '--max_iters=1',
             env={'WORLD_SIZE': 2})
