@@ -25,7 +25,7 @@ TOLERANCE = 1e-5  # max |ours - theirs| / max |theirs|, per tensor
 # the fixtures' shape (dev/authors/fixture.py, SHAPE)
 SHAPE = dict(block_size=8, vocab_size=32, n_layer=3, n_head=4, n_embd=16, mlp_hidden=32, norm_eps=1e-6)
 NAMES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(FIXTURES, "*.pt")))
-EXPECTED = ["denseformer", "moda", "muddformer"]  # every relative with a fixture: a fixture that goes missing fails here
+EXPECTED = ["denseformer", "moda", "muddformer", "muddformer_prepost"]  # every relative with a fixture: a fixture that goes missing fails here
 
 
 def load(name):
