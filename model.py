@@ -9,7 +9,7 @@ marked "LIMe" below, in the order a reader follows it: the Router, eq. (2) as wr
 the same sum as the model computes it (KVStack, route), and the one marked call in Attention.forward.
 
 This file imports nothing of the project. The cross-layer relatives LIMe is compared with (Hyper-Connections,
-mHC, DenseFormer, Attention Residuals, MUDDFormer, MoDA) extend it from outside, in relatives.py.
+mHC, DenseFormer, Attention Residuals, MUDDFormer, MoDA) extend it from outside, in relatives/.
 """
 
 import math
@@ -396,7 +396,7 @@ class GPT(nn.Module):
         return logits, loss
 
     def run_blocks(self, x, kv_stack=None, cache=None):
-        """The residual stream through every block (relatives.py overrides this to rewire it)."""
+        """The residual stream through every block (relatives/ overrides this to rewire it)."""
         for block in self.transformer.h:
             x = block(x, self.rope, kv_stack, cache)
         return x

@@ -78,7 +78,7 @@ mudd_prepost = False       # with mudd: MUDDFormer's PrePostDANorm (its paper's 
 moda = False               # MoDA (for comparison): attention also reads earlier sub-layers' keys at each position
 # depth scaling: 'standard' (the paper's model) or 'completep' (CompleteP, arXiv 2505.01618: each attention and MLP
 # output times depth_base / n_layer, AdamW's eps too, so that one learning rate transfers across depth; with the
-# baseline, lime or attnres; AdamW only; relatives.py, docs/deviations.md)
+# baseline, lime or attnres; AdamW only; relatives/completep.py, docs/deviations.md)
 depth_scaling = 'standard'
 depth_base = None          # completep: the base depth, the n_layer its learning rate was tuned at
 # optimizer: 'adamw' (the paper's) or 'muon' (torch.optim.Muon on the blocks' projection matrices, AdamW on the rest)

@@ -100,11 +100,11 @@ try:
         generation.update(bos_token_id=EOT, eos_token_id=EOT, pad_token_id=EOT)
     if format == 'hf' and not hf.is_llama(cfg):
         generation['use_cache'] = False  # the wrapper recomputes the sequence at each step
-        for name in hf.SIBLINGS:
-            if os.path.isfile(os.path.join(HERE, name)):
-                shutil.copy(os.path.join(HERE, name), tmp)
+        files = [(n, n) for n in hf.SIBLINGS if os.path.isfile(os.path.join(HERE, n))] + hf.package_files(HERE)
+        for path, name in files:
+            shutil.copy(os.path.join(HERE, path), os.path.join(tmp, name))
         with open(os.path.join(tmp, 'modeling_nanolime.py'), 'w') as f:
-            f.write(hf.modeling_source([n for n in hf.SIBLINGS if os.path.isfile(os.path.join(HERE, n))]))
+            f.write(hf.modeling_source([name for _, name in files]))
     with open(os.path.join(tmp, 'generation_config.json'), 'w') as f:
         json.dump(generation, f, indent=2)
     note = ''

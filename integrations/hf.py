@@ -21,7 +21,19 @@ from relatives import RelativesConfig
 
 LLAMA = ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'dropout',
          'tie_embeddings', 'rope_theta', 'norm_eps')  # the model options a Llama has too
-SIBLINGS = ('model.py', 'relatives.py')  # the files of our model an export copies as they are (if present)
+SIBLINGS = ('model.py',)  # the files of our model an export copies as they are (if present)
+PACKAGE = 'relatives'  # and the relatives' package, its files copied as they are but flat (package_files)
+
+
+def package_files(root):
+    """(path under root, name in an export) of each file of the relatives' package under root (none if it has no
+    such package). transformers copies only the files a remote-code module imports relatively, found by name
+    (`from .relatives import` -> relatives.py), so the export holds the package flat beside model.py:
+    relatives/__init__.py as relatives.py, relatives/<name>.py as <name>.py; the package's files import each
+    other relatively (from .base import ...), which holds in both layouts."""
+    folder = os.path.join(root, PACKAGE)
+    names = sorted(n for n in os.listdir(folder) if n.endswith('.py')) if os.path.isdir(folder) else []
+    return [(os.path.join(PACKAGE, n), f'{PACKAGE}.py' if n == '__init__.py' else n) for n in names]
 
 
 def _blocks(cfg):
@@ -276,7 +288,8 @@ class NanoLIMeForCausalLM(PreTrainedModel, GenerationMixin):
 
 
 def modeling_source(siblings):
-    """modeling_nanolime.py for the copied files `siblings` (model.py, and relatives.py where there is one)."""
+    """modeling_nanolime.py for the copied files `siblings` (model.py, and relatives.py, the relatives' package,
+    where there is one)."""
     # relative imports: transformers copies exactly the files a remote-code module imports relatively
     lines = ["    from .model import GPT as build_model, GPTConfig"]
     if 'relatives.py' in siblings:  # the relatives extend model.py: their config and model class, as train.py's

@@ -116,7 +116,7 @@ def probe_accuracy(X, y, folds=5, seed=0, l2=1e-3, max_iter=100):
 class Recorder:
     """Forward hooks capturing, per layer, the values (W_V's output: the v half of attn.kv_proj),
     the routed values (what a static LIMe router makes attention read) and the block outputs: the
-    residual stream after each block, for a relative (relatives.py) what its stream outputs there
+    residual stream after each block, for a relative (relatives/) what its stream outputs there
     (HC, mHC: the streams' sum; DenseFormer: the average; AttnRes: the mix of every output so far)."""
 
     def __init__(self, model):

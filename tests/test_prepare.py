@@ -298,23 +298,26 @@ def test_config_errors(tmp_path, run_here):
 
 
 def test_imports_point_one_way():
-    """model.py imports nothing of the repository: it stands alone. relatives.py extends it (imports model.py only).
+    """model.py imports nothing of the repository: it stands alone. relatives/ extends it (imports model.py only).
     The scripts use nanolime/'s common.py, checkpoint.py, data.py and variants.py; common.py imports none of the
     repository's modules, checkpoint.py, data.py and variants.py only common.py (checkpoint.py the model's files
     too, to build the model), the scripts' libraries only those (study/representations.py: the model's files;
     nanolime/sweep_report.py: nothing), and no module of the repository imports itself back through others."""
     graph = {}
-    for folder in ('', 'nanolime', 'study', 'integrations'):
+    for folder in ('', 'nanolime', 'study', 'integrations', 'relatives'):
         for name in os.listdir(os.path.join(ROOT, folder)):
-            if name.endswith('.py') and name != '__init__.py':
+            if name.endswith('.py') and (name != '__init__.py' or folder == 'relatives'):  # relatives: a package
                 with open(os.path.join(ROOT, folder, name)) as f:
                     tree = ast.parse(f.read())
                 deps = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-                deps |= {m for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module  # a module or,
-                         for m in (n.module, *(f'{n.module}.{a.name}' for a in n.names))}  # from a package, its own
-                graph['.'.join(filter(None, (folder, name[:-3])))] = deps
+                deps |= {m for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)  # a module or, from a package,
+                         for module in ['.'.join(filter(None, ('relatives' if n.level else '', n.module)))]  # its own
+                         for m in (module, *(f'{module}.{a.name}' for a in n.names))}  # (relative: in relatives/)
+                graph['.'.join(filter(None, (folder, name[:-3] if name != '__init__.py' else '')))] = deps
     graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
-    assert graph['model'] == set() and graph['relatives'] == {'model'} and graph['nanolime.common'] == set()
+    package = {m for m in graph if m.startswith('relatives.')}  # each relative's file, the plumbing it builds on
+    assert graph['model'] == set() and graph['relatives'] - package == {'model'} and graph['nanolime.common'] == set()
+    assert package and all(graph[m] <= package | {'model'} for m in package)
     assert graph['nanolime.checkpoint'] <= {'nanolime.common', 'model', 'relatives'}
     assert graph['nanolime.data'] == graph['nanolime.variants'] == {'nanolime.common'}
     assert graph['study.representations'] <= {'model', 'relatives'} and graph['nanolime.sweep_report'] == set()

@@ -468,12 +468,13 @@ def test_mixing_runs_in_float32_under_bf16_autocast(kw, monkeypatch):
         return torch.stack(reads + [out.float()])
 
     reads, ys = [], None
-    monkeypatch.setattr(R, "mudd_attention", lambda attn, x_q, *args: attn(x_q))  # MUDD's attention: a sub-layer
+    monkeypatch.setattr(R.muddformer, "mudd_attention", lambda attn, x_q, *args: attn(x_q))  # MUDD's attention: a sub-layer
     with torch.no_grad():
         want = run()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             fixed = run()
-            monkeypatch.setattr(R, "fp32", lambda t: contextlib.nullcontext())
+            for module in (R.hyper_connections, R.denseformer, R.attnres, R.muddformer):  # each stream's fp32
+                monkeypatch.setattr(module, "fp32", lambda t: contextlib.nullcontext())
             rounding = run()
     assert (fixed - want).abs().max() <= 1e-6
     if "denseformer" not in kw:
@@ -843,7 +844,7 @@ def test_cross_layer_variants_that_do_not_compose_are_refused(bad, match):
 
 
 # ----------------------------------------------------------------------------- Depth scaling (CompleteP)
-# CompleteP (arXiv 2505.01618; relatives.py, "Depth scaling (CompleteP)"): at fixed width, with m_L = L / L_base,
+# CompleteP (arXiv 2505.01618; relatives/completep.py): at fixed width, with m_L = L / L_base,
 # every attention and MLP output times 1 / m_L, AdamW's eps times 1 / m_L, the residual projections drawn with the
 # base depth's std; at L = L_base, the standard model exactly.
 COMPLETEP_SUPPORTED = [dict(), dict(lime=True), dict(lime=True, router="dynamic"), dict(lime=True, router="first-2"),
