@@ -26,8 +26,6 @@ from relatives import RelativesConfig, build_model
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "authors")
 TOLERANCE = 1e-5  # max |ours - theirs| / max |theirs|, per tensor
 FLOOR = 1e-3  # a gradient tensor's scale: at least FLOOR times the fixture's largest gradient
-# the fixtures' shape (dev/authors/fixture.py, SHAPE)
-SHAPE = dict(block_size=8, vocab_size=32, n_layer=3, n_head=4, n_embd=16, mlp_hidden=32, norm_eps=1e-6)
 NAMES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(FIXTURES, "*.pt")))
 EXPECTED = ["denseformer", "mhc", "moda", "muddformer", "muddformer_prepost"]  # every relative with a fixture: a fixture that goes missing fails here
 
@@ -40,11 +38,11 @@ def relative_error(ours, theirs, floor=0.0):
     return ((ours - theirs).abs().max() / theirs.abs().max().clamp_min(floor)).item()
 
 
-def run(fixture, **options):
-    """Our model with the fixture's weights (the relative's options replaced by `options` if given): its logits
-    and the gradient of every parameter, from the mean cross-entropy against the fixture's targets."""
+def run(fixture):
+    """Our model (its options the fixture's) with the fixture's weights: its logits and the gradient of every
+    parameter, from the mean cross-entropy against the fixture's targets."""
     torch.manual_seed(0)
-    model = build_model(RelativesConfig(**SHAPE, **(options or fixture["options"]))).float()
+    model = build_model(RelativesConfig(**fixture["options"])).float()
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, p in params.items():
@@ -64,10 +62,10 @@ def test_fixture_is_what_the_test_reads(name):
     fixture = load(name)
     assert "/" in fixture["repo"] and len(fixture["commit"]) == 40, (fixture["repo"], fixture["commit"])
     torch.manual_seed(0)
-    model = build_model(RelativesConfig(**SHAPE, **fixture["options"]))
+    model = build_model(RelativesConfig(**fixture["options"]))
     names = {n for n, _ in model.named_parameters()}
     assert set(fixture["weights"]) == names and set(fixture["grads"]) == names
-    assert fixture["logits"].shape == (*fixture["idx"].shape, SHAPE["vocab_size"])
+    assert fixture["logits"].shape == (*fixture["idx"].shape, model.config.vocab_size)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -88,7 +86,7 @@ def test_the_relative_matters_in_its_fixture(name):
     fixture = load(name)
     shape = {f.name for f in dataclasses.fields(GPTConfig)}  # the fixture's options that are the baseline's
     torch.manual_seed(0)
-    baseline = GPT(GPTConfig(**SHAPE, **{k: v for k, v in fixture["options"].items() if k in shape}))
+    baseline = GPT(GPTConfig(**{k: v for k, v in fixture["options"].items() if k in shape}))
     shared = {n: p for n, p in baseline.named_parameters()}
     with torch.no_grad():
         for n, p in shared.items():

@@ -97,8 +97,9 @@ def check_against_ours(model, fixture):
 
 
 def save(name, args, options, idx, targets, weights, logits, grads, notes):
-    """Write tests/fixtures/authors/<name>.pt (or args.out): numbers, our option names, the source and notes."""
-    fixture = dict(repo=args.repo, commit=args.commit, options=options, idx=idx, targets=targets,
+    """Write tests/fixtures/authors/<name>.pt (or args.out): numbers, our model's options (SHAPE and the relative's:
+    what RelativesConfig takes), the source and notes."""
+    fixture = dict(repo=args.repo, commit=args.commit, options={**SHAPE, **options}, idx=idx, targets=targets,
                    weights={n: w.detach().clone().contiguous() for n, w in weights.items()},
                    logits=logits.detach().clone().contiguous(),
                    grads={n: g.detach().clone().contiguous() for n, g in grads.items()},
