@@ -76,6 +76,8 @@ attnres = ''               # Attention Residuals (for comparison): '' (off), 'fu
 mudd = False               # MUDDFormer's per-token dense mixes into each block's q, k, v and residual (for comparison)
 mudd_prepost = False       # with mudd: MUDDFormer's PrePostDANorm (its paper's fix for deep-narrow models)
 moda = False               # MoDA (for comparison): attention also reads earlier sub-layers' keys at each position
+depth_attention = False    # Depth-Attention (for comparison): each layer's query mixes earlier layers' values by their keys
+depth_attention_stride = 0  # its source layers 0, s, 2s, ...; 0: n_layer // 2 (the authors' default)
 # depth scaling: 'standard' (the paper's model) or 'completep' (CompleteP, arXiv 2505.01618: each attention and MLP
 # output times depth_base / n_layer, AdamW's eps too, so that one learning rate transfers across depth; with the
 # baseline, lime or attnres; AdamW only; relatives/completep.py, docs/deviations.md)
@@ -251,7 +253,8 @@ if ckpt is not None:
     ckpt_log, ckpt = ckpt.get('log'), None  # its copy of the log (older checkpoints: None); free the mapped file
 flops_per_token = model.flops_per_token(block_size)
 if master:
-    model_variant = variant_name(lime, router, router_init, hc, hc_dynamic, mhc, denseformer, attnres, mudd, moda, mudd_prepost)
+    model_variant = variant_name(lime, router, router_init, hc, hc_dynamic, mhc, denseformer, attnres, mudd, moda, mudd_prepost,
+                                 depth_attention)
     print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, variant {model_variant}"
           f"{f' (CompleteP from depth_base={depth_base})' if depth_scaling != 'standard' else ''}, "
           f"{flops_per_token / 1e6:.2f} MFLOPs/token "

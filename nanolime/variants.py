@@ -16,20 +16,21 @@ from nanolime.common import UserError
 VARIANT_COMPONENTS = {  # component -> model options; every other relative's option stays at its baseline value
     'baseline': {}, 'lime': {'lime': True}, 'hc': {'hc': 4}, 'mhc': {'hc': 4, 'mhc': 'dynamic'},
     'denseformer': {'denseformer': True}, 'attnres': {'attnres': 'full'}, 'mudd': {'mudd': True},
-    'moda': {'moda': True}}
+    'moda': {'moda': True}, 'depthattn': {'depth_attention': True}}
 VARIANT_MODES = {'lime': 'router', 'attnres': 'attnres', 'mhc': 'mhc', 'hc': 'hc_dynamic',
                  'mudd': 'mudd_prepost'}  # what ':' sets
 VARIANT_SWITCHES = {'hc_dynamic': 'dynamic', 'mudd_prepost': 'prepost'}  # modes that switch an option on: their one name
 VARIANT_PLAIN = {'lime': False, 'hc': 0, 'hc_dynamic': False, 'mhc': '', 'denseformer': False, 'attnres': '',
-                 'mudd': False, 'mudd_prepost': False, 'moda': False}  # the baseline: every variant sets all of these
-VARIANT_GRAMMAR = ("components baseline, lime, hc, hc<N>, mhc, denseformer, attnres, mudd, moda joined by '+', "
-                   "each at most once, in any order (mhc+hc8: mHC with 8 streams); "
+                 'mudd': False, 'mudd_prepost': False, 'moda': False,
+                 'depth_attention': False}  # the baseline: every variant sets all of these
+VARIANT_GRAMMAR = ("components baseline, lime, hc, hc<N>, mhc, denseformer, attnres, mudd, moda, depthattn "
+                   "joined by '+', each at most once, in any order (mhc+hc8: mHC with 8 streams); "
                    "a mode after ':' (lime:first-2, attnres:block, mhc:static, hc:dynamic, mudd:prepost); "
                    "LIMe's router init after '@' (lime@identity); train.py options after '~' (lime~router_lr=0.002)")
 
 
 def variant_name(lime=False, router='full', router_init='paper', hc=0, hc_dynamic=False, mhc='', denseformer=False,
-                 attnres='', mudd=False, moda=False, mudd_prepost=False):
+                 attnres='', mudd=False, moda=False, mudd_prepost=False, depth_attention=False):
     """The variant name of a model's options, in parse_variant's grammar (without '~' options): 'baseline',
     'lime', 'lime:first-2+attnres:block', 'mhc:static', 'hc8:dynamic', 'lime@identity', ..."""
     parts = [] if not lime else ['lime' if router == 'full' else f'lime:{router}']
@@ -41,6 +42,7 @@ def variant_name(lime=False, router='full', router_init='paper', hc=0, hc_dynami
     if attnres:
         parts += ['attnres' if attnres == 'full' else f'attnres:{attnres}']
     parts += [f"mudd{':prepost' if mudd_prepost else ''}"] * bool(mudd) + ['moda'] * bool(moda)
+    parts += ['depthattn'] * bool(depth_attention)
     return '+'.join(parts or ['baseline']) + (f'@{router_init}' if lime and router_init != 'paper' else '')
 
 

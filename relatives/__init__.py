@@ -8,6 +8,7 @@ Depth-Attention, what attention reads). One file per relative, each against its 
 - attnres.py: Attention Residuals (Kimi, arXiv 2603.15031; `attnres='full'|'block'|'block-<m>'`).
 - moda.py: MoDA (mixture-of-depths attention, arXiv 2603.15619; `moda=True`).
 - muddformer.py: MUDDFormer (arXiv 2502.12170; `mudd=True`, and `mudd_prepost=True` for its PrePostDANorm).
+- depth_attention.py: Depth-Attention (arXiv 2606.05014; `depth_attention=True`, `depth_attention_stride`).
 - completep.py: CompleteP (arXiv 2505.01618; `depth_scaling='completep'`, `depth_base`), no relative but a depth
   scaling: each attention and MLP output times depth_base / n_layer, AdamW's eps too.
 
@@ -34,7 +35,8 @@ from .denseformer import RELATIVE as DENSEFORMER
 from .attnres import RELATIVE as ATTENTION_RESIDUALS
 from .moda import RELATIVE as MODA
 from .muddformer import RELATIVE as MUDDFORMER
-RELATIVES = (HYPER_CONNECTIONS, DENSEFORMER, ATTENTION_RESIDUALS, MODA, MUDDFORMER)
+from .depth_attention import RELATIVE as DEPTH_ATTENTION
+RELATIVES = (HYPER_CONNECTIONS, DENSEFORMER, ATTENTION_RESIDUALS, MODA, MUDDFORMER, DEPTH_ATTENTION)
 
 # The names other code reaches through the package (each relative's own names: relatives.<its file>.<name>)
 from .base import Stream, fp32  # noqa: E402, F401

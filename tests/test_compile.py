@@ -64,7 +64,7 @@ VARIANTS = [dict(lime=True, router=r) for r in ("average", "dynamic", "first-1")
     dict(denseformer=True, lime=True), dict(hc=2, hc_dynamic=True, mhc="static", n_layer=1),
     dict(hc=2, mhc="dynamic", lime=True, n_layer=1), dict(attnres="full"), dict(attnres="block-4", lime=True),
     dict(mudd=True), dict(mudd=True, lime=True, n_kv_head=2), dict(mudd=True, mudd_prepost=True, n_layer=2),
-    dict(moda=True, n_kv_head=2),
+    dict(moda=True, n_kv_head=2), dict(depth_attention=True, n_kv_head=2, depth_attention_stride=1),
     dict(lime=True, attnres="block-2", depth_scaling="completep", depth_base=1)]  # CompleteP's hooks, at 1/3
 # (mHC at one layer: its 20 Sinkhorn steps per read make a long graph, and each layer repeats the same code)
 

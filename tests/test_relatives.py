@@ -267,7 +267,7 @@ WEIGHT_DECAY = [
     (dict(mudd=True), MUDD),
     (dict(mudd=True, mudd_prepost=True), {**MUDD, **{f"mudd.{n}.weight": False
                                                      for n in ("ln_embedding", "ln_source", "ln_w1", "ln_post")}}),
-    (dict(moda=True), {"mlp.moda_kv.weight": True})]
+    (dict(moda=True), {"mlp.moda_kv.weight": True}), (dict(depth_attention=True), {})]
 
 
 @pytest.mark.parametrize("kw, table", WEIGHT_DECAY, ids=[str(kw) for kw, _ in WEIGHT_DECAY])
@@ -312,6 +312,13 @@ def test_every_relatives_weights_are_decayed_as_documented(kw, table):
     (dict(moda=True, denseformer=True), "use it alone"),
     (dict(moda=True, attnres="full"), "use it alone"),
     (dict(moda=True, mudd=True), "use it alone"),
+    (dict(depth_attention_stride=2), "depth_attention_stride picks Depth-Attention's source layers: set depth_attention"),
+    (dict(depth_attention=True, depth_attention_stride=-1), "must be >= 1, or 0 for n_layer // 2"),
+    (dict(depth_attention=True, lime=True), "use it alone"),
+    (dict(depth_attention=True, hc=2), "use it alone"),
+    (dict(depth_attention=True, mudd=True), "use it alone"),
+    (dict(depth_attention=True, moda=True), "use it alone"),
+    (dict(depth_attention=True, depth_scaling="completep", depth_base=2), "not depth_attention"),
 ])
 def test_config_validation(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -841,6 +848,106 @@ def test_denseformer_counts():
 def test_cross_layer_variants_that_do_not_compose_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
         tiny(**bad)
+
+
+# ----------------------------------------------------------------------------- Depth-Attention
+def naive_depth_attention(model, idx, targets):
+    """The model's function with Depth-Attention as the authors' code computes it (hyq718/Depth-Attention 3bdad70,
+    modeling_llama_depth_attention.py, 'depth_softmax', SDPA path), attention written out: at layer l, for each KV
+    head, the mean of its group's queries scores the key of each source layer j in {j < l : j % s == 0} and of l
+    itself, at the same position, after RoPE (as theirs); softmax over those; the value is the weighted sum of
+    the sources' mixed values and its own. The layer then attends causally with its own keys and that value,
+    which is also what later layers read as its value. Loops over KV heads and sources, plain softmaxes."""
+    c = model.config
+    H, H_kv, d = c.n_head, c.n_kv_head, c.n_embd
+    hs, G = d // H, H // H_kv
+    s = c.depth_attention_stride or max(1, c.n_layer // 2)
+    x = model.transformer.wte(idx)
+    B, T, _ = x.shape
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    keys, values = {}, {}  # source layer -> its key (after RoPE) and mixed value, (B, T, H_kv, hs)
+    for layer, block in enumerate(model.transformer.h):
+        attn, h = block.attn, block.ln_1(x)
+        q = model.rope((h @ attn.q_proj.weight.T).view(B, T, H, hs), 0)  # RoPE takes (B, T, heads, hs)
+        k = model.rope((h @ attn.kv_proj.weight[:H_kv * hs].T).view(B, T, H_kv, hs), 0)
+        v = (h @ attn.kv_proj.weight[H_kv * hs:].T).view(B, T, H_kv, hs)
+        sources = [j for j in range(layer) if j % s == 0]
+        if sources:
+            mixed = []
+            for g in range(H_kv):
+                q_g = q[:, :, g * G:(g + 1) * G].mean(2)  # (B, T, hs)
+                ks = [keys[j][:, :, g] for j in sources] + [k[:, :, g]]
+                vs = [values[j][:, :, g] for j in sources] + [v[:, :, g]]
+                w = torch.stack([(q_g * key).sum(-1) / math.sqrt(hs) for key in ks], dim=-1).softmax(-1)
+                mixed.append(sum(w[..., n, None] * value for n, value in enumerate(vs)))
+            v = torch.stack(mixed, dim=2)
+        if layer % s == 0:
+            keys[layer], values[layer] = k, v
+        qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+        kh, vh = kh.repeat_interleave(G, dim=1), vh.repeat_interleave(G, dim=1)  # query head h reads KV head h // G
+        att = (qh @ kh.transpose(-1, -2) / math.sqrt(hs)).masked_fill(~causal, float("-inf")).softmax(-1)
+        x = x + (att @ vh).transpose(1, 2).reshape(B, T, d) @ attn.o_proj.weight.T
+        x = x + block.mlp(block.ln_2(x))
+    logits = model.lm_head(model.transformer.ln_f(x))
+    return logits, F.cross_entropy(logits.view(-1, V), targets.view(-1))
+
+
+DEPTH_ATTENTION = [dict(), dict(n_kv_head=2), dict(n_kv_head=1, n_layer=5, depth_attention_stride=2),
+                   dict(n_layer=3, depth_attention_stride=1), dict(n_layer=1)]
+
+
+@pytest.mark.parametrize("kw", DEPTH_ATTENTION, ids=str)
+def test_depth_attention_matches_the_authors_formula(kw):
+    """Depth-Attention against naive_depth_attention: logits and the gradient of every parameter (MHA, GQA, MQA;
+    the default stride n_layer // 2, strides 1 and 2; one layer: the baseline)."""
+    model = build(depth_attention=True, **kw)
+    assert_matches(model, naive_depth_attention, grad_atol=lambda ref: 1e-4 * ref.abs().max().item())
+
+
+def test_depth_attention_has_no_weights_and_counts():
+    """No parameter of its own (one seed: the baseline's weights, the same checkpoint keys), yet not the baseline
+    function: the mix acts from the first step. The mix is elementwise (no matmul beyond the baseline's, as torch's
+    FLOP counter sees it); its count: a score and a multiply-add per source and the layer itself, per KV head."""
+    from torch.utils.flop_counter import FlopCounterMode
+    L, B, T = 5, 2, 8
+    base, model = build(seed=3, n_layer=L, n_kv_head=2), build(seed=3, n_layer=L, n_kv_head=2, depth_attention=True)
+    sa, sb = base.state_dict(), model.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    x = torch.randint(0, V, (B, T))
+    assert (model(x, x)[0] - base(x, x)[0]).abs().max() > 1e-4
+    counted = []
+    for m in (base, model):
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            m(x, x)
+        counted.append(counter.get_total_flops())
+    assert counted[0] == counted[1]
+    # stride 5 // 2 = 2: layers 1, 2 read layer 0; layers 3, 4 read layers 0 and 2
+    assert model.flops_per_token(T) - base.flops_per_token(T) == 2 * 2 * 2 * (32 // 4) * (2 + 2 + 3 + 3)
+
+
+def test_depth_attention_is_causal():
+    """A change at position t leaves every logit before t as it was (the depth mix is per position)."""
+    model = build(seed=1, depth_attention=True, n_kv_head=2).eval()
+    x = torch.randint(0, V, (2, 16))
+    y = x.clone()
+    y[:, 9] = (y[:, 9] + 1) % V
+    with torch.no_grad():
+        a, b = model(x, x)[0], model(y, y)[0]
+    assert torch.equal(a[:, :9], b[:, :9]) and (a[:, 9:] - b[:, 9:]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(n_kv_head=2, depth_attention_stride=1)], ids=str)
+def test_depth_attention_cached_decoding_is_exact(kw):
+    """The cache holds the mixed values, and a new token's depth sources are its own: decoding with the KV cache
+    gives the full forward's logits, and generate() with and without the cache the same tokens."""
+    model = build(seed=1, depth_attention=True, **kw).eval()
+    prompt = torch.randint(0, V, (2, 4))
+    idx, cached = step_logits(model, prompt, 12)
+    for t in range(12):
+        full, _ = model(idx[:, :4 + t], idx[:, :4 + t])
+        torch.testing.assert_close(cached[t], full[:, -1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.generate(prompt, 12, top_k=1, use_cache=False), idx, atol=0, rtol=0)
+    torch.testing.assert_close(model.generate(prompt, 12, top_k=1), idx, atol=0, rtol=0)
 
 
 # ----------------------------------------------------------------------------- Depth scaling (CompleteP)

@@ -14,6 +14,7 @@ def test_variant_grammar():
     assert parse('baseline') == (plain, {})
     assert parse('moda') == ({**plain, 'moda': True}, {}) and parse('mudd') == ({**plain, 'mudd': True}, {})
     assert parse('mudd:prepost') == ({**plain, 'mudd': True, 'mudd_prepost': True}, {})
+    assert parse('depthattn') == ({**plain, 'depth_attention': True}, {})
     assert parse('lime+mudd:prepost')[0] == {**plain, 'lime': True, 'mudd': True, 'mudd_prepost': True}
     assert parse('lime+hc')[0] == {**plain, 'lime': True, 'hc': 4} and parse('hc8')[0] == {**plain, 'hc': 8}
     assert parse('hc8:dynamic')[0] == {**plain, 'hc': 8, 'hc_dynamic': True}
@@ -42,7 +43,7 @@ def test_variant_name_inverts_parse_variant():
     names = ['baseline', 'lime', 'lime:first-2', 'lime:last-2@identity', 'lime@identity', 'hc', 'hc8', 'hc:dynamic',
              'hc8:dynamic', 'mhc', 'mhc:static', 'mhc+hc8', 'denseformer', 'attnres', 'attnres:block-4', 'mudd', 'mudd:prepost', 'moda',
              'lime+attnres:block', 'lime:average+mhc:static+denseformer+attnres+mudd+moda@identity',
-             'lime:last-2+mudd:prepost']
+             'lime:last-2+mudd:prepost', 'depthattn']
     defaults = {'router': 'full', 'router_init': 'paper'}
     for name in names:
         opts = {**defaults, **variants.parse_variant(name)[0]}
