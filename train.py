@@ -76,7 +76,7 @@ attnres = ''               # Attention Residuals (for comparison): '' (off), 'fu
 mudd = False               # MUDDFormer's per-token dense mixes into each block's q, k, v and residual (for comparison)
 mudd_prepost = False       # with mudd: MUDDFormer's PrePostDANorm (its paper's fix for deep-narrow models)
 moda = False               # MoDA (for comparison): attention also reads earlier sub-layers' keys at each position
-depth_attention = False    # Depth-Attention (for comparison): each layer's query mixes earlier layers' values by their keys
+depth_attention = False    # Depth-Attention (for comparison): each layer's query mixes earlier layers' values
 depth_attention_stride = 0  # its source layers 0, s, 2s, ...; 0: n_layer // 2 (the authors' default)
 # depth scaling: 'standard' (the paper's model) or 'completep' (CompleteP, arXiv 2505.01618: each attention and MLP
 # output times depth_base / n_layer, AdamW's eps too, so that one learning rate transfers across depth; with the

@@ -312,7 +312,7 @@ def test_every_relatives_weights_are_decayed_as_documented(kw, table):
     (dict(moda=True, denseformer=True), "use it alone"),
     (dict(moda=True, attnres="full"), "use it alone"),
     (dict(moda=True, mudd=True), "use it alone"),
-    (dict(depth_attention_stride=2), "depth_attention_stride picks Depth-Attention's source layers: set depth_attention"),
+    (dict(depth_attention_stride=2), "depth_attention_stride picks Depth-Attention.s source layers: set depth_"),
     (dict(depth_attention=True, depth_attention_stride=-1), "must be >= 1, or 0 for n_layer // 2"),
     (dict(depth_attention=True, lime=True), "use it alone"),
     (dict(depth_attention=True, hc=2), "use it alone"),
@@ -475,7 +475,7 @@ def test_mixing_runs_in_float32_under_bf16_autocast(kw, monkeypatch):
         return torch.stack(reads + [out.float()])
 
     reads, ys = [], None
-    monkeypatch.setattr(R.muddformer, "mudd_attention", lambda attn, x_q, *args: attn(x_q))  # MUDD's attention: a sub-layer
+    monkeypatch.setattr(R.muddformer, "mudd_attention", lambda attn, x_q, *args: attn(x_q))  # MUDD: a sub-layer
     with torch.no_grad():
         want = run()
         with torch.autocast("cpu", dtype=torch.bfloat16):
