@@ -458,12 +458,19 @@ class GPT(nn.Module):
         return 3 * self.flops_per_token(seq_len) * tokens_per_iter / dt / peak_flops
 
     def configure_optimizers(self, weight_decay, learning_rate, router_lr, betas, device_type, eps=1e-8,
-                             optimizer="adamw", muon_lr=0.02, muon_momentum=0.95, named_lrs=None):
+                             optimizer="adamw", muon_lr=0.02, muon_momentum=0.95, named_lrs=None,
+                             router_lr_scaling=""):
         """AdamW, three groups (paper App. A): every LIMe Router parameter at router_lr without decay; the other
         nn.Linear weights decayed; the rest (embedding, norms, other parameters) without decay. Each
         group keeps its 'peak_lr'. optimizer='muon': [Muon, AdamW], torch.optim.Muon on the attention and MLP
         matrices (at muon_lr, decayed; lr scaled by sqrt(max(1, rows/cols)), Keller Jordan's original rule), AdamW
-        on everything else as above. named_lrs {parameter name: peak lr}: each in a group of its own, without decay."""
+        on everything else as above. named_lrs {parameter name: peak lr}: each in a group of its own, without decay.
+        router_lr_scaling='fan_in' ('sqrt_fan_in'): a group per router instead, at router_lr * 2 H_kv / (the square
+        root of) the sources it reads (not the paper's): router_lr is that of layer 1's router, which reads two
+        layers."""
+        if router_lr_scaling not in ("", "fan_in", "sqrt_fan_in"):
+            raise ValueError(f"unknown router_lr_scaling '{router_lr_scaling}'; choose '' (off), 'fan_in' or "
+                             "'sqrt_fan_in'")
         routers = {id(p) for m in self.modules() if isinstance(m, Router) for p in m.parameters()}
         linears = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)}
         linears -= routers | {id(self.transformer.wte.weight)}  # the tied LM head is the embedding
@@ -483,6 +490,14 @@ class GPT(nn.Module):
                         **{n: (0.0, lr) for n, lr in named_lrs.items()})
         param_groups = [dict(name=name, params=groups[name], weight_decay=wd, lr=lr, peak_lr=lr)
                         for name, (wd, lr) in settings.items() if groups[name]]
+        if router_lr_scaling and groups["router"]:  # under Adam a router's update moves k~ by about its lr times the
+            # number of sources it sums (correlated ones) or its square root (independent ones)
+            in_group = {id(p) for p in groups["router"]}
+            param_groups = [g for g in param_groups if g["name"] != "router"] + [
+                dict(name=f"router.{m.layer}", params=params, weight_decay=0.0, lr=lr, peak_lr=lr)
+                for m in self.modules() if isinstance(m, Router)
+                for params in [[p for p in m.parameters() if id(p) in in_group]] if params
+                for lr in [router_lr * (2 / len(m.layers)) ** (0.5 if router_lr_scaling == "sqrt_fan_in" else 1)]]
         adamw = torch.optim.AdamW(param_groups, betas=betas, eps=eps, fused=device_type == "cuda")
         if optimizer == "adamw":
             return adamw

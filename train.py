@@ -89,6 +89,8 @@ muon_lr = 0.02             # peak lr of Muon's matrices (optimizer='muon'); the 
 muon_momentum = 0.95
 learning_rate = 2e-3       # peak lr (AdamW)
 router_lr = 1e-2           # peak lr of the LIMe routers (paper: 10x the model's)
+router_lr_scaling = ''     # 'fan_in' ('sqrt_fan_in'): router_lr * 2 / (the root of) the layers a router reads;
+                           # not the paper's (docs/deviations.md)
 attnres_query_lr = 0.0     # peak lr of Attention Residuals' pseudo-queries w_l; 0.0: learning_rate
 max_iters = 2500
 weight_decay = 0.1
@@ -119,7 +121,8 @@ check_ranges({**config, 'init_from': 'hf:DIR' if hf_dir else init_from},
              at_least_1=('batch_size', 'total_batch_size', 'block_size', 'eval_interval', 'log_interval',
                          'eval_iters'), at_least_0=('max_iters', 'warmup_iters', 'lr_decay_iters', 'seed'),
              choices={'optimizer': ('adamw', 'muon'), 'init_from': ('scratch', 'resume', 'hf:DIR'),
-                      'compile': ('auto', True, False), 'depth_scaling': DEPTH_SCALINGS},
+                      'compile': ('auto', True, False), 'depth_scaling': DEPTH_SCALINGS,
+                      'router_lr_scaling': ('', 'fan_in', 'sqrt_fan_in')},
              finite=('router_lr', 'attnres_query_lr', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'),
              positive=('learning_rate', 'muon_lr', 'rope_theta', 'norm_eps'),
              fraction=('dropout', 'beta1', 'beta2', 'muon_momentum'))
@@ -221,7 +224,7 @@ if hf_dir is not None:  # the Llama's weights; with router_init='identity' a LIM
 optimizers = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2), device_type,
                                         optimizer=optimizer, muon_lr=muon_lr, muon_momentum=muon_momentum,
                                         named_lrs={'attn_res.query': attnres_query_lr} if attnres and attnres_query_lr
-                                        else None)
+                                        else None, router_lr_scaling=router_lr_scaling)
 optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
 scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
 iter_num, best_val_loss, tokens_seen, flops_seen = 0, float('inf'), 0, 0
