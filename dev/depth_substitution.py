@@ -55,7 +55,8 @@ def loss_rise(log, warmup):
 def read_runs(root, iters=None, warmup=None, threshold=None):
     """A row per run directory of the sweep at `root`: its variant, depth, seed, status ('done' once its sweep.json
     says so at `iters` and its log has the val loss there; else 'running' or the status sweep.json gives), data
-    identity, final val loss, FLOPs (a run finished at another length: 'other length', not counted), the largest loss rise after warmup and whether it passes `threshold`."""
+    identity, final val loss, FLOPs (a run finished at another length: 'other length', not counted), the largest
+    loss rise after warmup and whether it passes `threshold`."""
     iters = max_iters if iters is None else iters
     warmup = warmup_iters if warmup is None else warmup
     threshold = divergence if threshold is None else threshold
@@ -80,7 +81,8 @@ def read_runs(root, iters=None, warmup=None, threshold=None):
                      'loss_rise': round(rise, 4), 'diverged': rise > threshold})
     datas = {r['data'] for r in rows if r['status'] == 'done'}
     if len(datas) > 1:
-        raise UserError(f"{root}: its finished runs trained on different data ({', '.join(map(str, sorted(datas, key=str)))}"
+        names = ', '.join(map(str, sorted(datas, key=str)))
+        raise UserError(f"{root}: its finished runs trained on different data ({names}"
                         "): not one comparison; analyse one data identity's runs (move the others out)")
     return rows
 
@@ -124,7 +126,8 @@ def analyse(rows, base_depths, ref='baseline', var='lime', resamples=10000, seed
     for L in base_depths:
         if 2 * L not in base_depths:
             continue
-        seeds = sorted(s for (v, d, s) in loss if (v, d) == (var, L) and (ref, L, s) in loss and (ref, 2 * L, s) in loss)
+        seeds = sorted(s for (v, d, s) in loss
+                       if (v, d) == (var, L) and (ref, L, s) in loss and (ref, 2 * L, s) in loss)
         triples = [(loss[ref, L, s], loss[var, L, s], loss[ref, 2 * L, s]) for s in seeds]
         row = {'L': L, 'n_seeds': len(seeds), 'seeds': ' '.join(map(str, seeds))}
         if triples:
@@ -145,11 +148,11 @@ def analyse(rows, base_depths, ref='baseline', var='lime', resamples=10000, seed
     return out
 
 
-def complete_seeds(rows, base_depths, ref='baseline', var='lime'):
-    """The seeds with every run of both arms at every depth finished."""
+def complete_seeds(rows, ref='baseline', var='lime'):
+    """The seeds with every run finished that the out_dir has for any seed (each (variant, depth) of the design)."""
     done = {(r['variant'], r['depth'], r['seed']) for r in rows if r['status'] == 'done'}
-    seeds = {r['seed'] for r in rows}
-    return sorted(s for s in seeds if all((v, d, s) in done for v in (ref, var) for d in base_depths))
+    design = {(r['variant'], r['depth']) for r in rows if r['variant'] in (ref, var)}
+    return sorted(s for s in {r['seed'] for r in rows} if all((v, d, s) in done for v, d in design))
 
 
 def write_csv(path, rows):
@@ -160,11 +163,11 @@ def write_csv(path, rows):
         writer.writerows({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
 
 
-def report(rows, summary, seeds_done, base_depths):
+def report(rows, summary, seeds_done):
     fmt = lambda x, spec: '–' if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
     done = sum(r['status'] == 'done' for r in rows)
-    print(f"{done}/{len(rows)} run directories finished; complete seeds (both arms at {', '.join(map(str, base_depths))} "
-          f"layers): {len(seeds_done)} ({' '.join(map(str, seeds_done)) or 'none'})")
+    print(f"{done}/{len(rows)} run directories finished; complete seeds (every run of the design done): "
+          f"{len(seeds_done)} ({' '.join(map(str, seeds_done)) or 'none'})")
     print("\n    L  n  S(L) = LIMe(L) - base(2L)  p_t    p_holm  G(L) = base(L) - base(2L)  reading          "
           "k(L) [bootstrap 95%]")
     for r in summary:
@@ -228,8 +231,8 @@ def main():
     if not rows:
         raise UserError(f"{out_dir}: no run directory of {reference} or {variant} (<variant>-L<depth>-s<seed>) there")
     summary = analyse(rows, base_depths, reference, variant, bootstrap)
-    seeds_done = complete_seeds(rows, base_depths, reference, variant)
-    report(rows, summary, seeds_done, base_depths)
+    seeds_done = complete_seeds(rows, reference, variant)
+    report(rows, summary, seeds_done)
     rows.sort(key=lambda r: (r['seed'], r['depth'], r['variant']))
     write_csv(csv_path, rows)
     summary_path = re.sub(r'(\.csv)?$', '_summary.csv', csv_path, count=1)

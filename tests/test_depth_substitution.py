@@ -72,7 +72,7 @@ def test_runs_and_divergence(sweep):
     assert [k for k, r in by.items() if r['diverged']] == [('baseline', 32, 0)]
     assert by['baseline', 32, 0]['loss_rise'] == pytest.approx(0.35)
     assert by['lime', 4, 0]['loss_rise'] == pytest.approx(0.2)  # 2.4 -> 2.6; the warmup's 3.5 is not counted
-    assert ds.complete_seeds(rows, [4, 8, 16, 32]) == [0, 1, 2]
+    assert ds.complete_seeds(rows) == [0, 1, 2]
     # a run at another length does not count; the runs of two datasets are not one comparison
     assert all(r['status'] != 'done' for r in ds.read_runs(sweep, 2 * ITERS, 30, 0.3))
     make_run(sweep, 'lime', 64, 0, 2.0, data='other')
@@ -94,7 +94,8 @@ def test_statistics_by_hand(sweep):
     assert s4['G_half'] == pytest.approx(T95_2DF * statistics.stdev(g) / math.sqrt(3))
     assert s4['reading'] == 'matches'
     # k(4) = 2^((baseline(4) - LIMe(4)) / G(4)) of the means
-    assert s4['k'] == pytest.approx(2 ** ((0.30 + statistics.mean(g) - statistics.mean(f)) / (0.2 + statistics.mean(g))))
+    gain, gate = 0.30 + statistics.mean(g) - statistics.mean(f), 0.2 + statistics.mean(g)
+    assert s4['k'] == pytest.approx(2 ** (gain / gate))
     assert s4['k_low'] <= s4['k'] <= s4['k_high'] and s4['k_undefined'] == 0
     # S(8) = 2.30 - 2.10 + F = 0.2 + F: wholly above zero; G(8) = 0.1 with no spread
     assert summary[8]['S'] == pytest.approx(0.2 + statistics.mean(f)) and summary[8]['reading'] == 'does not'
@@ -139,7 +140,7 @@ def test_script_writes_csv_and_figure(sweep, tmp_path):
     code, stdout, _ = script_here('dev/depth_substitution.py', f'--out_dir={sweep}', f'--csv_path={out}/d.csv',
                                   f'--plot_path={out}/d.png', f'--max_iters={ITERS}', '--bootstrap=500')
     assert code == 0
-    assert 'complete seeds (both arms at 4, 8, 16, 32 layers): 3 (0 1 2)' in stdout
+    assert 'complete seeds (every run of the design done): 3 (0 1 2)' in stdout
     assert 'baseline-L32-s0 (+0.350)' in stdout
     with open(out / 'd.csv') as f:
         runs = list(csv.DictReader(f))
@@ -151,3 +152,72 @@ def test_script_writes_csv_and_figure(sweep, tmp_path):
     assert (out / 'd.png').stat().st_size > 10_000
     with pytest.raises(UserError, match='no directory'):
         script_here('dev/depth_substitution.py', f'--out_dir={tmp_path}/nothing', f'--csv_path={out}/e.csv')
+
+
+# ----------------------------------------------------------------------------- the GPU version's plan (no GPU needed)
+gspec = importlib.util.spec_from_file_location('depth_substitution_gpu',
+                                               os.path.join(REPO, 'dev', 'depth_substitution_gpu.py'))
+gpu = importlib.util.module_from_spec(gspec)
+gspec.loader.exec_module(gpu)
+
+
+def test_gpu_plan_order_and_schedule(tmp_path):
+    runs = gpu.plan([4, 8, 16, 32, 64], range(8), str(tmp_path))
+    names = [os.path.basename(r['dir']) for r in runs]
+    assert len(runs) == 8 * 9 and 'lime-L64-s0' not in names  # the baseline at 5 depths, LIMe at 4, 8 seeds
+    assert names[:9] == ['baseline-L64-s0', 'baseline-L32-s0', 'lime-L32-s0', 'baseline-L16-s0', 'lime-L16-s0',
+                         'baseline-L8-s0', 'lime-L8-s0', 'baseline-L4-s0', 'lime-L4-s0']  # seed by seed, deepest first
+    assert [r['seed'] for r in runs] == sorted(r['seed'] for r in runs)
+    # two slots: each run starts when the first slot frees
+    assert gpu.schedule(runs[:4], 2, [3.0, 2.0, 2.0, 1.0]) == [(0.0, 3.0), (0.0, 2.0), (2.0, 4.0), (3.0, 4.0)]
+    assert gpu.estimate(runs[2], 1000, 5.0, 1.0, 1.5) == pytest.approx((5 + 32 * 1.5) * 1.0)
+
+
+def test_gpu_dry_run(tmp_path):
+    out = tmp_path / 'gpu'
+    done = out / 'baseline-L64-s0'
+    done.mkdir(parents=True)
+    (done / 'sweep.json').write_text(json.dumps({'status': 'done', 'max_iters': 1200}))
+    code, stdout, _ = script_here('dev/depth_substitution_gpu.py', '--dry_run=True', f'--out_dir={out}')
+    assert code == 0
+    assert stdout.startswith('72 runs (1 already done), 16 at a time on cuda, deadline 450 s')
+    lines = [x for x in map(str.split, stdout.splitlines()) if len(x) > 2 and x[0].isdigit() and '-L' in x[1]]
+    assert len(lines) == 72
+    assert [x[1] for x in lines][:3] == ['baseline-L64-s0', 'baseline-L32-s0', 'lime-L32-s0'] and lines[0][2] == 'done'
+    assert 'S(32) = lime-L32 - baseline-L64, G(32) = baseline-L32 - baseline-L64' in stdout
+    assert '(inside the deadline)' in stdout and sorted(os.listdir(out)) == ['baseline-L64-s0']  # nothing started
+    # slower than estimated: the runs past the deadline are named
+    code, stdout, _ = script_here('dev/depth_substitution_gpu.py', '--dry_run=True', f'--out_dir={out}',
+                                  '--est_ms_per_layer=10')
+    assert 'would be stopped' in stdout and 'after the deadline' in stdout.splitlines()[-1]
+    for bad, match in (('--deadline_s=600', 'deadline_s=600'), ('--base_depths=4,8,24', 'expected doublings'),
+                       ('--seeds=1,1', 'distinct')):
+        with pytest.raises(UserError, match=match):
+            script_here('dev/depth_substitution_gpu.py', '--dry_run=True', f'--out_dir={out}', bad)
+
+
+@pytest.mark.slow
+def test_gpu_version_runs_on_the_cpu(data_dir, tmp_path):
+    """The launcher itself, on the CPU with a tiny config: every run trained as its own train.py process, a row per run
+    as it ends, sweep.json as sweep.py writes it, then the analysis of the out_dir; a second call trains nothing."""
+    cfg = tmp_path / 'tiny.py'
+    cfg.write_text(f"dataset = 'shakespeare_char'\ndata_dir = {data_dir!r}\nn_embd = 32\nn_head = 2\nblock_size = 32\n"
+                   "batch_size = 4\ntotal_batch_size = 128\neval_iters = 2\nwarmup_iters = 1\neval_interval = 2\n"
+                   "log_interval = 1\ndtype = 'float32'\ncompile = False\njobs = 2\nseeds = '0'\n")
+    out = tmp_path / 'out'
+    args = ['dev/depth_substitution_gpu.py', f'--config={cfg}', f'--out_dir={out}', '--base_depths=1,2', '--seeds=0',
+            '--max_iters=2', '--device=cpu', '--jobs=3', '--deadline_s=400']
+    code, stdout, _ = script_here(*args)
+    assert code == 0, stdout
+    with open(out / 'runs.csv') as f:
+        rows = list(csv.DictReader(f))
+    assert sorted((r['variant'], r['depth'], r['status']) for r in rows) == [
+        ('baseline', '1', 'done'), ('baseline', '2', 'done'), ('lime', '1', 'done')]
+    assert all(float(r['val_loss']) > 0 for r in rows)
+    assert json.loads((out / 'lime-L1-s0' / 'sweep.json').read_text())['max_iters'] == 2
+    assert 'complete seeds (every run of the design done): 1 (0)' in stdout  # dev/depth_substitution.py's
+    assert (out / 'depth_substitution.csv').exists()
+    code, stdout, _ = script_here(*args)
+    assert code == 0 and '3 runs (3 already done)' in stdout
+    with open(out / 'runs.csv') as f:
+        assert len(list(csv.DictReader(f))) == 3
