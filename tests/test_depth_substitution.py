@@ -221,3 +221,17 @@ def test_gpu_version_runs_on_the_cpu(data_dir, tmp_path):
     assert code == 0 and '3 runs (3 already done)' in stdout
     with open(out / 'runs.csv') as f:
         assert len(list(csv.DictReader(f))) == 3
+
+
+def test_claims_recompute_the_numbers_the_docs_quote():
+    """dev/claims.py from assets/' CSVs: the numbers README and docs/results.md quote in their rewritten readings."""
+    code, stdout, _ = script_here('dev/claims.py')
+    assert code == 0
+    docs = open(os.path.join(REPO, 'docs', 'results.md')).read() + open(os.path.join(REPO, 'README.md')).read()
+    for printed, quoted in (('+0.0108 ± 0.0075, 0 of 5 below zero, p_t 0.016', '0.011 ± 0.008 behind'),
+                            ('LIMe needs 16.5% more FLOPs', 'about 17 % more FLOPs'),
+                            ('baseline, standard, 8 layers: best lr 0.008', 'best at 4\n  and 32 layers on one seed'),
+                            ('-12.9667 ± 11.8269 points', '(−13.0 ± 11.8)'),
+                            ('mudd: +8.90 ± 8.86 points (interval +0.04 .. +17.76: excludes zero)', '**+8.90 ± 8.86**'),
+                            ('= 0.152 per doubling', 'a slope of 0.152 per doubling')):
+        assert printed in stdout and quoted in docs, (printed, quoted)
