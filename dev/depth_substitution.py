@@ -148,10 +148,13 @@ def analyse(rows, base_depths, ref='baseline', var='lime', resamples=10000, seed
     return out
 
 
-def complete_seeds(rows, ref='baseline', var='lime'):
-    """The seeds with every run finished that the out_dir has for any seed (each (variant, depth) of the design)."""
+def complete_seeds(rows, base_depths, ref='baseline', var='lime'):
+    """The seeds with every run of the design finished: the baseline at every depth, LIMe at every depth whose
+    double is there, and at the deepest if any seed has it (the CPU design runs it, the GPU design does not). A
+    sweep makes a run's directory only when it starts it, so the design comes from the depths, not the directories."""
     done = {(r['variant'], r['depth'], r['seed']) for r in rows if r['status'] == 'done'}
-    design = {(r['variant'], r['depth']) for r in rows if r['variant'] in (ref, var)}
+    design = {(ref, d) for d in base_depths} | {(var, d) for d in base_depths if 2 * d in base_depths}
+    design |= {(var, r['depth']) for r in rows if (r['variant'], r['depth']) == (var, max(base_depths))}
     return sorted(s for s in {r['seed'] for r in rows} if all((v, d, s) in done for v, d in design))
 
 
@@ -231,7 +234,7 @@ def main():
     if not rows:
         raise UserError(f"{out_dir}: no run directory of {reference} or {variant} (<variant>-L<depth>-s<seed>) there")
     summary = analyse(rows, base_depths, reference, variant, bootstrap)
-    seeds_done = complete_seeds(rows, reference, variant)
+    seeds_done = complete_seeds(rows, base_depths, reference, variant)
     report(rows, summary, seeds_done)
     rows.sort(key=lambda r: (r['seed'], r['depth'], r['variant']))
     write_csv(csv_path, rows)

@@ -72,7 +72,12 @@ def test_runs_and_divergence(sweep):
     assert [k for k, r in by.items() if r['diverged']] == [('baseline', 32, 0)]
     assert by['baseline', 32, 0]['loss_rise'] == pytest.approx(0.35)
     assert by['lime', 4, 0]['loss_rise'] == pytest.approx(0.2)  # 2.4 -> 2.6; the warmup's 3.5 is not counted
-    assert ds.complete_seeds(rows) == [0, 1, 2]
+    assert ds.complete_seeds(rows, [4, 8, 16, 32]) == [0, 1, 2]
+    # a sweep makes each run's directory as it starts it: a seed whose 32-layer runs alone are there is not complete
+    assert ds.complete_seeds([r for r in rows if r['depth'] == 32], [4, 8, 16, 32]) == []
+    # the GPU design has no LIMe at its deepest depth: not needed there
+    assert ds.complete_seeds([r for r in rows if (r['variant'], r['depth']) != ('lime', 32)], [4, 8, 16, 32]) == \
+        [0, 1, 2]
     # a run at another length does not count; the runs of two datasets are not one comparison
     assert all(r['status'] != 'done' for r in ds.read_runs(sweep, 2 * ITERS, 30, 0.3))
     make_run(sweep, 'lime', 64, 0, 2.0, data='other')
