@@ -108,8 +108,15 @@ def test_export_loads_in_transformers_same_logits_and_greedy_tokens(name, runs, 
         assert not files & {'modeling_nanolime.py', 'model.py'}
     else:
         assert config['auto_map']['AutoModelForCausalLM'] == 'modeling_nanolime.NanoLIMeForCausalLM'
-        for name in hf.SIBLINGS:  # model.py (and relatives.py) copied as they are
-            assert open(os.path.join(to, name)).read() == open(os.path.join(REPO, name)).read()
+        # model.py and the relatives' package, each file byte for byte, the package flat: relatives/__init__.py
+        # as relatives.py, relatives/<name>.py as <name>.py (transformers copies files found by relative import)
+        package = sorted(n for n in os.listdir(os.path.join(REPO, 'relatives')) if n.endswith('.py'))
+        shipped = {'model.py': 'model.py', **{'relatives.py' if n == '__init__.py' else n: os.path.join('relatives', n)
+                                              for n in package}}
+        assert {n for n in files if n.endswith('.py')} == set(shipped) | {'modeling_nanolime.py'}
+        for name, path in shipped.items():
+            with open(os.path.join(to, name), 'rb') as a, open(os.path.join(REPO, path), 'rb') as b:
+                assert a.read() == b.read(), name
 
 
 def test_pipeline_generates_with_remote_code(runs, tmp_path):
