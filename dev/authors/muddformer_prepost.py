@@ -12,7 +12,7 @@ block of `layers/llama2.py` (LlamaDecoderLayer: its q, k, v norms, W1 and W2 of 
 Their settings are their MUDDLlama2Medium's (`jax/MaxText/exp.py`): dense_conn, dynamic_dense_type 'qkvm',
 ddw_gen_pattern 'q,k,v,m', mudd_prenorm and mudd_postnorm, W1's width 1x (4x for the last block) rounded past a
 multiple of 64, the last block's one way (dynamic_dense_fix_last_layer), scan_layers off; with MaxText's
-dot-product attention (training mode, causal), untied embeddings, float32 throughout: their rotary embedding's
+dot-product attention (training mode, causal), GQA (4 query heads, 2 KV heads), untied embeddings, float32 throughout: their rotary embedding's
 cast of the rotated queries and keys to bfloat16 (RotaryEmbedding's fprop_dtype) is made float32 here. Set otherwise, because our
 arm leaves it out on purpose or cannot express it (docs/deviations.md): `dynamic_mlp_dim` off (their MLP widths
 over depth: every MLP has the baseline's width) and W1's activation the exact GELU (theirs, `dynamic_dense_act_cls
@@ -175,7 +175,7 @@ def main():
     # default): kept in float32 here, as everything else
     attentions.RotaryEmbedding = functools.partial(embeddings.RotaryEmbedding, fprop_dtype=jnp.float32)
 
-    options = dict(mudd=True, mudd_prepost=True, tie_embeddings=False)
+    options = dict(mudd=True, mudd_prepost=True, tie_embeddings=False, n_kv_head=2)
     ours = fixture.our_model(**options)
     fixture.randomize(ours)
     weights = dict(ours.named_parameters())
