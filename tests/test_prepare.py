@@ -23,7 +23,8 @@ from nanolime import data  # noqa: E402
 import prepare  # noqa: E402
 
 EOT = 50256
-# from /work/shared/data/README.md (the provenance of the shipped files), not from prepare.py
+# the shipped files' own hashes, not prepare.py's: the corpus's from its provenance (docs/study-tools.md, "Shipped
+# data"), the ranks' the one tiktoken itself expects for r50k_base
 CORPUS_SHA256 = '04decea0dd965df5e6cfc4a538b0c62623aaa3bfd848ac7fad6734e59c96624d'
 GPT2_RANKS_SHA256 = '306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930'
 
