@@ -133,3 +133,61 @@ def test_docs_index_lists_every_page():
     linked = {Path(target.partition('#')[0]).name for _, target in relative_links(index.read_text(encoding='utf-8'))}
     missing = [p.name for p in sorted(DOCS.glob('*.md')) if p.name != 'README.md' and p.name not in linked]
     assert not missing, f'docs/README.md does not link to: {", ".join(missing)}'
+
+
+def test_readme_is_at_most_10_kb():
+    """README is the teaching page; what is longer goes to docs/ (docs/README.md indexes it)."""
+    size = len((ROOT / 'README.md').read_bytes())
+    assert size <= 10 * 1024, f'README.md is {size:,} bytes, over 10 KB ({10 * 1024:,}): move detail to docs/'
+
+
+def readme_tree():
+    """(the paths README's file tree ("What is where") starts its lines with, every path it names): a line
+    starts with a path or two ('docs/, tests/'); a folder's line and the indented lines under it may name its
+    files ('relatives/  ... attnres.py, moda.py')."""
+    text = (ROOT / 'README.md').read_text(encoding='utf-8')
+    block = text.split('## What is where', 1)[1].split('```', 2)[1]
+    heads, named, folder = [], set(), ''
+    for line in block.splitlines()[1:]:
+        if line and not line[0].isspace():
+            first = re.match(r'^([^\s,]+(?:,\s[^\s,]+)*)', line).group(1)
+            paths = [n.strip() for n in first.split(',')]
+            heads += paths
+            named.update(paths)
+            folder = paths[0] if len(paths) == 1 and paths[0].endswith('/') else ''
+            line = line[len(first):]
+        named.update(folder + name for name in re.findall(r'(?<![\w/<*])(\w+\.py)\b', line) if folder)
+    return heads, named
+
+
+def code_files():
+    """The Python files a reader of the code meets: the scripts at the top and each package's modules
+    (tests/ aside; config/ and dev/ are named as folders)."""
+    packages = [d for d in ROOT.iterdir() if (d / '__init__.py').exists() and d.name != 'tests']
+    files = list(ROOT.glob('*.py')) + [f for d in packages for f in d.glob('*.py') if f.name != '__init__.py']
+    return sorted(f.relative_to(ROOT).as_posix() for f in files)
+
+
+def test_readme_tree_names_every_code_file_and_nothing_gone():
+    heads, named = readme_tree()
+    assert len(heads) >= 10, heads
+    gone = [n for n in sorted(named) if not (ROOT / n).exists()]
+    assert not gone, f"README's file tree names what is not there: {gone}"
+    missing = [f for f in code_files() if f not in named]
+    assert not missing, f"README's file tree has no line for: {missing} (one line per file)"
+
+
+# A path on the machine a page was written on: a reader's clone has no such file
+OUTSIDE = re.compile(r'(?<![\w.~-])/(?:work|home|Users|root|mnt|opt|srv)/[\w./-]+')
+
+
+@pytest.mark.parametrize('page', pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_page_cites_a_file_outside_the_repository(page):
+    found = OUTSIDE.findall(page.read_text(encoding='utf-8'))
+    assert not found, f'{page.name} cites files outside the repository: {found}'
+
+
+def test_outside_paths_are_told_from_the_repositorys():
+    assert OUTSIDE.findall('the text in `/work/shared/paper/x.txt`, /home/me/a.py') == [
+        '/work/shared/paper/x.txt', '/home/me/a.py']
+    assert OUTSIDE.findall('docs/work/x.md, https://github.com/work/x, model.py, /tmp/run') == []

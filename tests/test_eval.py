@@ -246,6 +246,7 @@ def task_dir(tmp_path_factory):
     return str(d), rows
 
 
+@pytest.mark.slow  # lm-eval's simple_evaluate starts `pip list` for its report
 @torch.no_grad()
 def test_simple_evaluate_local_task(task_dir, tmp_path):
     d, rows = task_dir
