@@ -27,7 +27,8 @@ FIXTURES = os.path.join(REPO, "tests", "fixtures", "authors")
 TOLERANCE = 1e-5  # max |ours - theirs| / max |theirs|, per tensor
 FLOOR = 1e-3  # a gradient tensor's scale: at least FLOOR times the fixture's largest gradient
 NAMES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(FIXTURES, "*.pt")))
-EXPECTED = ["denseformer", "depth_attention", "mhc", "moda", "muddformer", "muddformer_prepost"]  # every relative with a fixture: a fixture that goes missing fails here
+# every relative with a fixture: a fixture that goes missing fails here
+EXPECTED = ["denseformer", "depth_attention", "mhc", "moda", "muddformer", "muddformer_prepost"]
 
 
 def load(name):

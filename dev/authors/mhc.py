@@ -127,7 +127,8 @@ def main():
         for s, p in enumerate(connections):
             w = {k: weights[p + k] for k in ("phi_pre.weight", "phi_post.weight", "phi_res.weight", "b_pre", "b_post",
                                              "b_res", "scale_pre", "scale_post", "scale_res")}
-            theirs.fn[s].copy_(torch.cat([w["phi_pre.weight"], w["phi_post.weight"], transposed_res(w["phi_res.weight"])]))
+            theirs.fn[s].copy_(torch.cat([w["phi_pre.weight"], w["phi_post.weight"],
+                                          transposed_res(w["phi_res.weight"])]))
             theirs.scale[s].copy_(torch.stack([w["scale_pre"], w["scale_post"], w["scale_res"]]))
             theirs.mix_base[s].copy_(torch.cat([w["b_pre"], w["b_post"], w["b_res"].T.flatten()]))
 

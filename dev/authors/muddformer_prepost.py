@@ -12,11 +12,12 @@ block of `layers/llama2.py` (LlamaDecoderLayer: its q, k, v norms, W1 and W2 of 
 Their settings are their MUDDLlama2Medium's (`jax/MaxText/exp.py`): dense_conn, dynamic_dense_type 'qkvm',
 ddw_gen_pattern 'q,k,v,m', mudd_prenorm and mudd_postnorm, W1's width 1x (4x for the last block) rounded past a
 multiple of 64, the last block's one way (dynamic_dense_fix_last_layer), scan_layers off; with MaxText's
-dot-product attention (training mode, causal), GQA (4 query heads, 2 KV heads), untied embeddings, float32 throughout: their rotary embedding's
-cast of the rotated queries and keys to bfloat16 (RotaryEmbedding's fprop_dtype) is made float32 here. Set otherwise, because our
-arm leaves it out on purpose or cannot express it (docs/deviations.md): `dynamic_mlp_dim` off (their MLP widths
-over depth: every MLP has the baseline's width) and W1's activation the exact GELU (theirs, `dynamic_dense_act_cls
-= 'gelu'`, is flax's `nn.gelu`, the tanh approximation; their PyTorch model and ours use the exact one). Their
+dot-product attention (training mode, causal), GQA (4 query heads, 2 KV heads), untied embeddings, float32
+throughout: their rotary embedding's cast of the rotated queries and keys to bfloat16 (RotaryEmbedding's
+fprop_dtype) is made float32 here. Set otherwise, because our arm leaves it out on purpose or cannot express it
+(docs/deviations.md): `dynamic_mlp_dim` off (their MLP widths over depth: every MLP has the baseline's width) and
+W1's activation the exact GELU (theirs, `dynamic_dense_act_cls = 'gelu'`, is flax's `nn.gelu`, the tanh
+approximation; their PyTorch model and ours use the exact one). Their
 block 0 has separate query, key and value norms of the embedding (ours one, ln_1): the fixture gives the three the
 same gain, ours, and our ln_1's gradient is the sum of theirs.
 
@@ -115,7 +116,8 @@ def parameter_map(c):
         rows += [
             (ours + "attn.q_proj.weight", [theirs + "self_attention/query/kernel"],
              lambda w: [w.T.reshape(d, H, hd)], lambda ws: ws[0].reshape(d, H * hd).T),
-            (ours + "attn.kv_proj.weight", [theirs + "self_attention/key/kernel", theirs + "self_attention/value/kernel"],
+            (ours + "attn.kv_proj.weight",
+             [theirs + "self_attention/key/kernel", theirs + "self_attention/value/kernel"],
              lambda w: [h.T.reshape(d, H_kv, hd) for h in w.chunk(2)],
              lambda ws: torch.cat([h.reshape(d, H_kv * hd).T for h in ws])),
             (ours + "attn.o_proj.weight", [theirs + "self_attention/out/kernel"],
