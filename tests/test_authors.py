@@ -11,6 +11,7 @@ largest gradient: smaller ones are zero but for float32 rounding, which then is 
 first sub-layer reads n equal copies of the embedding: its residual map has gradient exactly zero, and its pre
 map only scales what the sub-layer's pre-norm normalizes).
 """
+import ast
 import dataclasses
 import glob
 import os
@@ -67,6 +68,15 @@ def test_fixture_is_what_the_test_reads(name):
     names = {n for n, _ in model.named_parameters()}
     assert set(fixture["weights"]) == names and set(fixture["grads"]) == names
     assert fixture["logits"].shape == (*fixture["idx"].shape, model.config.vocab_size)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fixture_has_its_script(name):
+    """dev/authors/<relative>.py made the fixture: its docstring names the same repository and commit."""
+    fixture = load(name)
+    with open(os.path.join(REPO, "dev", "authors", f"{name}.py")) as f:
+        doc = ast.get_docstring(ast.parse(f.read()))
+    assert fixture["repo"] in doc and fixture["commit"] in doc
 
 
 @pytest.mark.parametrize("name", NAMES)
