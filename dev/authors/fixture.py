@@ -5,6 +5,7 @@ which tests/test_authors.py checks our arm against without the authors' code.
 A fixture holds numbers only: the authors' repository and commit, our model's options, the batch (idx, targets),
 every weight under OUR parameter name, and the authors' logits, loss and gradients (mapped to our names). The
 objective of the backward pass is the mean cross-entropy of the logits against `targets`, the same on both sides.
+A new fixture matches .gitignore's `*.pt`: add it with `git add -f` (a tracked one is seen as usual).
 """
 import argparse
 import os
