@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from relatives import RelativesConfig, build_model, DEPTH_SCALINGS  # model.py's GPT, or a relative's extension of it
 from nanolime.variants import variant_name
+from nanolime import fsdp as sharding
 
 # -----------------------------------------------------------------------------
 # default config values: a small LIMe model (4 x 128, 0.86M parameters) on shakespeare_char that trains on a
@@ -108,6 +109,7 @@ dtype = 'auto'             # 'auto' (CUDA: bfloat16 if supported, else float16; 
 compile = 'auto'           # 'auto' (on CUDA only), True or False
 seed = 1337
 peak_flops = 0.0           # per-device peak FLOP/s for MFU; 0.0: from the GPU's name (nanolime/common.py), none on CPU
+fsdp = False               # torchrun only: weights, gradients, AdamW's state sharded over the ranks (nanolime/fsdp.py)
 # -----------------------------------------------------------------------------
 # the model options an import (init_from='hf:DIR') takes from the Llama; resuming such a run takes them from the
 # checkpoint, except those given a value other than the default here
@@ -199,6 +201,9 @@ device = resolve_device(device)  # an indexed 'cuda:N' on CUDA: cuda:LOCAL_RANK 
 device_type = device.split(':')[0]
 ptdtype = resolve_dtype(dtype, device)
 ctx = autocast(device, ptdtype)
+if fsdp:
+    sharding.check(ddp, optimizer, variant_name(lime, router, router_init, hc, hc_dynamic, mhc, denseformer, attnres,
+                                                mudd, moda, mudd_prepost), depth_scaling, ptdtype)
 use_compile = (device_type == 'cuda') if compile == 'auto' else compile
 if device_type == 'cuda':
     torch.cuda.set_device(device)
@@ -221,6 +226,10 @@ model = build_model(gptconf).to(device)
 if hf_dir is not None:  # the Llama's weights; with router_init='identity' a LIMe computes the same function
     from integrations.hf import load_llama
     load_llama(model, hf_dir)
+if ckpt is not None:  # the weights first: FSDP shards them, and the optimizer is made of the shards
+    load_weights(model, ckpt, ckpt_path)
+if fsdp:
+    sharding.shard(model, ptdtype, use_compile)
 optimizers = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2), device_type,
                                         optimizer=optimizer, muon_lr=muon_lr, muon_momentum=muon_momentum,
                                         named_lrs={'attn_res.query': attnres_query_lr} if attnres and attnres_query_lr
@@ -231,11 +240,10 @@ iter_num, best_val_loss, tokens_seen, flops_seen = 0, float('inf'), 0, 0
 data_rng = np.random.default_rng([seed, rank])  # each rank draws its own batches
 torch.manual_seed(seed + 1 + rank)  # dropout
 if ckpt is not None:
-    load_weights(model, ckpt, ckpt_path)
     if 'optimizer' in ckpt:  # one state dict per optimizer (a single one in older checkpoints)
         states = ckpt['optimizer'] if isinstance(ckpt['optimizer'], list) else [ckpt['optimizer']]
         for opt, state in zip(optimizers, states):
-            opt.load_state_dict(state)
+            opt.load_state_dict(sharding.sharded_optimizer_state(opt, state) if fsdp else state)
     if ckpt.get('scaler') and scaler.is_enabled():
         scaler.load_state_dict(ckpt['scaler'])
     iter_num, best_val_loss = int(ckpt['iter_num']), float(ckpt.get('best_val_loss', float('inf')))
@@ -263,9 +271,9 @@ if master:
           f"{flops_per_token / 1e6:.2f} MFLOPs/token "
           f"forward; device {device}, {ptdtype}, compile {use_compile}")
 raw_model = model  # the plain module: its state_dict has no compile/DDP prefixes
-if use_compile:
+if use_compile and not fsdp:  # (FSDP: each block compiled on its own, sharding.shard)
     model = torch.compile(model)
-if ddp:  # buffers (RoPE tables) are the same on every rank: no need to broadcast them at every forward
+if ddp and not fsdp:  # buffers (RoPE tables) are the same on every rank: no need to broadcast them at every forward
     # (the option's name from torch 2.13 on; broadcast_buffers before, deprecated since)
     no_sync = 'forward_sync_buffers' if 'forward_sync_buffers' in inspect.signature(DDP).parameters else \
         'broadcast_buffers'
@@ -297,11 +305,13 @@ def estimate_loss():
         ix = np.random.default_rng([seed, 999, split == 'val']).integers(
             0, sizes[split] - block_size, size=(eval_iters, batch_size))
         acc = torch.zeros(2, device=device)
-        for k in range(rank, eval_iters, world_size):
-            x, y = get_batch(ddir, split, ix[k], block_size, device, gptconf.vocab_size)
+        # FSDP: every rank runs as many forwards (each gathers weights with the others), the extra ones not counted
+        for k in range(rank, eval_iters + (-eval_iters % world_size if fsdp else 0), world_size):
+            x, y = get_batch(ddir, split, ix[k % eval_iters], block_size, device, gptconf.vocab_size)
             with ctx:
                 loss = model(x, y)[1]  # not the logits: they would stay alive into the next forward
-            acc += torch.stack([loss.float(), torch.ones((), device=device)])
+            if k < eval_iters:
+                acc += torch.stack([loss.float(), torch.ones((), device=device)])
         if ddp:
             dist.all_reduce(acc)
         out[split] = (acc[0] / acc[1]).item()
@@ -326,10 +336,12 @@ def write_log(then):
         atomic_write(log_path, lambda f: f.write(''.join(log_lines).encode()), then)
     log_changed = False
 
-def save_checkpoint(rng_states):
+def save_checkpoint(rng_states, states=None):
     """ckpt.pt, then log.jsonl, each replaced atomically. The checkpoint holds its log too: after a kill between the
-    two writes, the run that resumes it writes the records the file lacks."""
-    atomic_save({CKPT_MARKER: 1, 'model': raw_model.state_dict(), 'optimizer': [o.state_dict() for o in optimizers],
+    two writes, the run that resumes it writes the records the file lacks. states: (model's, optimizers' state
+    dicts), FSDP's gathered; None: this process's."""
+    model_state, optimizer_states = states or (raw_model.state_dict(), [o.state_dict() for o in optimizers])
+    atomic_save({CKPT_MARKER: 1, 'model': model_state, 'optimizer': optimizer_states,
                  'scaler': scaler.state_dict() if scaler.is_enabled() else None, 'config': config, 'meta': meta,
                  'model_args': dataclasses.asdict(gptconf), 'iter_num': iter_num, 'best_val_loss': best_val_loss,
                  'rng': rng_states, 'tokens': tokens_seen, 'flops': flops_seen, 'world_size': world_size,
@@ -393,7 +405,9 @@ while iter_num < max_iters and not eval_only:
     loss_sum = torch.zeros((), device=device)
     x, y = train_batch()
     for micro_step in range(grad_accum):
-        if ddp:  # gradients are all-reduced on the last micro-step only
+        if fsdp:  # gradients are reduced on the last micro-step only
+            model.set_requires_gradient_sync(micro_step == grad_accum - 1)
+        elif ddp:
             model.require_backward_grad_sync = micro_step == grad_accum - 1
         with ctx:
             loss = model(x, y)[1] / grad_accum
@@ -405,7 +419,7 @@ while iter_num < max_iters and not eval_only:
     if grad_clip > 0.0:
         for opt in optimizers:
             scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
+        (sharding.clip_grad_norm_ if fsdp else torch.nn.utils.clip_grad_norm_)(raw_model.parameters(), grad_clip)
     for opt in optimizers:
         scaler.step(opt)
     scaler.update()
@@ -443,7 +457,8 @@ while iter_num < max_iters and not eval_only:
         # of them reach the same verdict (a rank that stopped alone would leave the others hanging)
         rng_state = {'data': data_rng.bit_generator.state, 'torch': torch.get_rng_state(),
                      'cuda': torch.cuda.get_rng_state(device) if device_type == 'cuda' else None}
-        finite = torch.stack([p.detach().isfinite().all() for p in raw_model.parameters()]).all().float()
+        finite = torch.stack([sharding.local(p.detach()).isfinite().all()  # FSDP: this rank's shard
+                              for p in raw_model.parameters()]).all().float()
         rng_states = [None] * world_size if ddp else [rng_state]
         if ddp:
             dist.all_gather_object(rng_states, rng_state)
@@ -451,7 +466,8 @@ while iter_num < max_iters and not eval_only:
         if finite.item() < 1:
             raise UserError(stopped(f"the weights are not finite at iter {iter_num}"))
         # a full disk, say: then the files there stay as they were, and every rank stops
-        on_rank_0(save_checkpoint, rng_states, error_prefix=f"training stopped at iter {iter_num}: ")
+        states = sharding.full_state_dicts(raw_model, optimizers) if fsdp else None  # collective
+        on_rank_0(save_checkpoint, rng_states, states, error_prefix=f"training stopped at iter {iter_num}: ")
         last_saved = iter_num
     if stop_now:
         if master:
@@ -462,7 +478,8 @@ on_rank_0(write_log, resume_hint())  # records since the last checkpoint (eval_o
 if master and not stop_now and not eval_only:
     print(f"done: {iter_num} iters in {time.time() - t_start:.1f} s, best val loss {best_val_loss:.4f}")
 if ddp:
-    check_same_weights(raw_model)
+    if not fsdp:  # (FSDP's ranks hold different shards)
+        check_same_weights(raw_model)
     model = None  # free DDP (its reducer) before the process group: the other order can hang
     gc.collect()
     dist.destroy_process_group()
