@@ -35,16 +35,19 @@ def read_log(out_dir):
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_sharded_model_computes_what_one_process_does():
     """Baseline (MHA), LIMe (GQA; the dynamic router too) and LIMe compiled per block, each sharded over 2 ranks
     for 2 AdamW steps, against one process on both ranks' batches: the same loss, every gradient the mean over
     the ranks (a sum would be 2x), the same clipped norm and weights, the same state dicts gathered for a
-    checkpoint; compiled, one graph per block and none compiled again (worker() asserts; exit 0 if all hold)."""
+    checkpoint, each rank holding 1/2 of the weights; compiled, one graph per block and none compiled again
+    (worker() asserts; exit 0 if all hold)."""
     rank0, rank1 = launch_ranks([sys.executable, os.path.join(REPO, 'tests', 'test_fsdp.py')], timeout=600)
     ok(rank1)
     assert ok(rank0).stdout.count('matches one process') == 4, rank0.stdout
 
 
+@pytest.mark.slow
 def test_fsdp_trains_as_ddp_resumes_exactly_and_its_checkpoint_is_ddps(data_dir, tmp_path, run_here, capsys):
     """train.py --fsdp=True under torchrun: the losses of DDP at every iteration and evaluation; resumed from DDP's
     checkpoint at iter 2 it ends where the run of 4 without a stop ends (the sharded AdamW state resumed); its
@@ -99,6 +102,7 @@ def test_what_fsdp_does_not_run_is_one_line():
     fsdp.check(True, 'adamw', 'lime:first-2@identity', 'standard', torch.bfloat16)  # runs
 
 
+@pytest.mark.slow
 def test_every_rank_refuses_bad_input_with_the_same_line(data_dir, tmp_path, run_here):
     """Two ranks as torchrun starts them, --fsdp=True with a relative: both stop with the same one-line error
     (rank 1's prefixed), neither waits for the other, nothing is written; without torchrun it is refused too."""
@@ -138,6 +142,11 @@ def worker():
         torch.manual_seed(0)
         sharded = fsdp.shard(GPT(config), torch.float32, use_compile='compiled' in name)
         optimizers = [m.configure_optimizers(0.1, 1e-2, 2e-2, (0.9, 0.99), 'cpu') for m in (whole, sharded)]
+        # each rank holds its part of every tensor, the parts adding up to the whole: 1/world of it
+        held = torch.tensor(sum(fsdp.local(p).numel() for p in sharded.parameters()))
+        assert held <= sum(-(-p.numel() // world) for p in whole.parameters()), (name, held)
+        dist.all_reduce(held)
+        assert held == sum(p.numel() for p in whole.parameters()), (name, held)
         x = torch.randint(50, (2 * world, 16), generator=torch.Generator().manual_seed(1))
         for step in range(2):
             loss = sharded(x[2 * rank:2 * rank + 2], x[2 * rank:2 * rank + 2])[1]
