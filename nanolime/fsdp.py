@@ -98,8 +98,9 @@ def _reduce_scatter_averages(device):
     """Whether the process group's reduce-scatter averages when asked to (ReduceOp.AVG), as FSDP's gradient
     reduction does: gloo in torch 2.7 sums instead."""
     dist = torch.distributed
+    reduce_scatter = getattr(dist, 'reduce_scatter_single', None) or dist.reduce_scatter_tensor  # (older torch)
     out = torch.zeros(1, device=device)
-    dist.reduce_scatter_tensor(out, torch.ones(dist.get_world_size(), device=device), op=dist.ReduceOp.AVG)
+    reduce_scatter(out, torch.ones(dist.get_world_size(), device=device), op=dist.ReduceOp.AVG)
     return out.item() == 1.0
 
 

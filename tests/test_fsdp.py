@@ -40,11 +40,12 @@ def test_sharded_model_computes_what_one_process_does():
     """Baseline (MHA), LIMe (GQA; the dynamic router too) and LIMe compiled per block, each sharded over 2 ranks
     for 2 AdamW steps, against one process on both ranks' batches: the same loss, every gradient the mean over
     the ranks (a sum would be 2x), the same clipped norm and weights, the same state dicts gathered for a
-    checkpoint, each rank holding 1/2 of the weights; compiled, one graph per block and none compiled again
-    (worker() asserts; exit 0 if all hold)."""
+    checkpoint, each rank holding 1/2 of the weights; compiled, one graph per block and none compiled again;
+    LIMe in bfloat16 to bf16's rounding, its gradients and weights float32 (worker() asserts; exit 0 if all
+    hold)."""
     rank0, rank1 = launch_ranks([sys.executable, os.path.join(REPO, 'tests', 'test_fsdp.py')], timeout=600)
     ok(rank1)
-    assert ok(rank0).stdout.count('matches one process') == 4, rank0.stdout
+    assert ok(rank0).stdout.count('matches one process') == 5, rank0.stdout
 
 
 @pytest.mark.slow
@@ -184,6 +185,26 @@ def worker():
             assert states is None
         if rank == 0:
             print(f"{name} matches one process", flush=True)
+    # bfloat16 (CUDA's default dtype, here on the CPU): gathered and computed in bf16, gradients reduced and
+    # weights kept in float32; the loss of one process's autocast to bf16 rounding
+    config = GPTConfig(block_size=16, vocab_size=50, n_layer=4, n_head=4, n_embd=32, lime=True, n_kv_head=2)
+    torch.manual_seed(0)
+    whole = GPT(config)
+    torch.manual_seed(0)
+    sharded = fsdp.shard(GPT(config), torch.bfloat16)
+    with torch.autocast('cpu', torch.bfloat16):
+        loss = sharded(x[2 * rank:2 * rank + 2], x[2 * rank:2 * rank + 2])[1]
+        want = whole(x, x)[1]
+    loss.backward()
+    want.backward()
+    mean = loss.detach().float()
+    dist.all_reduce(mean)
+    assert torch.allclose(mean / world, want.float(), rtol=1e-2), (mean / world, want)
+    for p, q in zip(whole.parameters(), sharded.parameters()):
+        assert q.dtype == fsdp.local(q.grad).dtype == torch.float32
+        assert close(q.grad.full_tensor(), p.grad, rel=5e-2)
+    if rank == 0:
+        print("lime-gqa bf16 matches one process", flush=True)
     dist.destroy_process_group()
 
 
