@@ -78,7 +78,7 @@ mudd = False               # MUDDFormer's per-token dense mixes into each block'
 mudd_prepost = False       # with mudd: MUDDFormer's PrePostDANorm (its paper's fix for deep-narrow models)
 moda = False               # MoDA (for comparison): attention also reads earlier sub-layers' keys at each position
 depth_attention = False    # Depth-Attention (for comparison): each layer's query mixes earlier layers' values
-depth_attention_stride = 0  # its source layers 0, s, 2s, ...; 0: n_layer // 2 (the authors' default)
+depth_attention_stride = 0  # its source layers 0, s, 2s, ...; 0: n_layer // 2 (the authors' configs; their code: 1)
 # depth scaling: 'standard' (the paper's model) or 'completep' (CompleteP, arXiv 2505.01618: each attention and MLP
 # output times depth_base / n_layer, AdamW's eps too, so that one learning rate transfers across depth; with the
 # baseline, lime or attnres; AdamW only; relatives/completep.py, docs/deviations.md)

@@ -20,7 +20,7 @@ from .base import Relative, Stream, nothing
 
 OPTIONS = dict(
     depth_attention=False,     # each layer's query also scores same-position keys of earlier layers, mixes their values
-    depth_attention_stride=0,  # the source layers 0, s, 2s, ...; 0: n_layer // 2, the authors' default
+    depth_attention_stride=0,  # the source layers 0, s, 2s, ...; 0: n_layer // 2, as the authors' configs (code: 1)
 )
 
 
