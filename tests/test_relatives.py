@@ -1072,3 +1072,22 @@ def test_completep_travels_with_its_config():
     assert torch.equal(model(x, x)[0], again(x, x)[0])
     assert not hf.is_llama(cfg) and not hf.is_llama({**cfg, "lime": False})
     assert hf.variants(cfg)[0] == "depth_scaling"
+
+
+def test_every_relative_option_is_a_train_option():
+    """train.py's globals are its options (nanoGPT's config; --help lists them with their comments): every
+    relative's option, and CompleteP's, is one of them, with the registry's default. A relative added to the
+    registry without its line in train.py fails here (train.py would refuse its option as unknown)."""
+    import ast
+    import os
+    from conftest import REPO
+    with open(os.path.join(REPO, "train.py")) as f:
+        tree = ast.parse(f.read())
+    train = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+             if isinstance(t, ast.Name)}
+    options = {name: default for relative in R.RELATIVES for name, default in relative.options.items()}
+    options.update(R.completep.OPTIONS)
+    assert len(options) > len(R.RELATIVES)  # every relative's switch at least, and CompleteP's two
+    for name, default in options.items():
+        assert name in train, f"train.py has no option {name!r} (relatives/: default {default!r})"
+        assert ast.literal_eval(train[name]) == default, name
