@@ -8,6 +8,8 @@ and 'sqrt_fan_in' at 4-64 layers of width 64, and per layer, after each step, on
   d_kv       RMS of the step's change of kv
   d_kv_rout  RMS of the part of that change the router's own update makes: (R_new - R_old) applied to the
              sources of before the step (eq. 2 with the update in place of R); a router reads (l+1) H_kv sources
+  d_w        RMS of the step's update of the block's matrices (attention and MLP projections)
+  d_w_rout   RMS of the step's update of the router's weights R
 A parametrization whose quantities stay put as depth grows is one whose lr transfers across depth.
 
 $ python dev/coord_check.py                       # -> docs/coord_check.png and a table; seconds on a CPU
@@ -42,7 +44,7 @@ seed = 0
 router_lr_scaling = ''     # '', 'fan_in' or 'sqrt_fan_in' (model.GPT.configure_optimizers) for lime, lime-completep
 plot_path = 'docs/coord_check.png'
 # -----------------------------------------------------------------------------
-QUANTITIES = ('act', 'kv', 'd_act', 'd_kv', 'd_kv_rout')
+QUANTITIES = ('act', 'kv', 'd_act', 'd_kv', 'd_kv_rout', 'd_w', 'd_w_rout')
 SETTINGS = ('baseline', 'lime', 'lime-completep', 'lime-fan_in', 'lime-sqrt_fan_in')
 
 
@@ -113,11 +115,20 @@ def check(setting, n_layer, batches, probe_x, config=None):
     probe = Probe(model)
     before, out = probe(probe_x), {q: [] for q in QUANTITIES}
     for x, y in batches:
+        weights = [[p.detach().clone() for n, p in block.named_parameters() if p.dim() == 2 and 'router' not in n]
+                   for block in model.transformer.h]  # the block's matrices, before the step
+        routers = {i: block.attn.router.weight.detach().clone() for i, block in enumerate(model.transformer.h)
+                   if block.attn.router is not None and isinstance(block.attn.router.weight, torch.nn.Parameter)}
         model(x, y)[1].backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         after = probe(probe_x)
         layers = range(n_layer)
+        out['d_w'].append([rms(torch.cat([(p.detach() - w).flatten() for w, (n, p) in zip(weights[i], (
+            (n, p) for n, p in model.transformer.h[i].named_parameters() if p.dim() == 2 and 'router' not in n))]))
+                           for i in layers])
+        out['d_w_rout'].append([rms(model.transformer.h[i].attn.router.weight.detach() - routers[i])
+                                if i in routers else math.nan for i in layers])
         out['act'].append([rms(after['act'][i]) for i in layers])
         out['kv'].append([rms(after['kv'][i]) for i in layers])
         out['d_act'].append([rms(after['act'][i] - before['act'][i]) for i in layers])
@@ -140,8 +151,9 @@ def plot(path, results, depth_list, setting_list, n_kv):
     import matplotlib.pyplot as plt
     titles = {'act': 'residual stream after the block', 'kv': "k, v attention reads (LIMe: routed)",
               'd_act': "step's change of the residual stream", 'd_kv': "step's change of k, v",
-              'd_kv_rout': "the router update's part of it"}
-    fig, axes = plt.subplots(2, 3, figsize=(14, 8))
+              'd_kv_rout': "the router update's part of d_kv", 'd_w': "step's update of the block's matrices",
+              'd_w_rout': "step's update of the router's R"}
+    fig, axes = plt.subplots(2, 4, figsize=(19, 8.5))
     colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
     for ax, q in zip(axes.flat, QUANTITIES):
         for i, s in enumerate(setting_list):
@@ -151,10 +163,10 @@ def plot(path, results, depth_list, setting_list, n_kv):
                     n = len(results[s, depth_list[0]][q])
                     ax.plot(depth_list, ys, style, marker='o', color=colors[i],
                             label=f"{s}, step {1 if step == 0 else n}")
-        ax.set(xscale='log', yscale='log', xlabel='n_layer', ylabel=f"RMS, mean over layers", title=f"{q}: {titles[q]}")
+        ax.set(xscale='log', yscale='log', xlabel='n_layer', ylabel="RMS, mean over layers", title=f"{q}: {titles[q]}")
         ax.set_xticks(depth_list, [str(d) for d in depth_list])
         ax.minorticks_off()
-        ax.legend(fontsize='x-small')
+    axes.flat[0].legend(fontsize='x-small')  # one legend: each setting a colour, step 1 dotted, the last solid
     ax, deepest = axes.flat[-1], max(depth_list)
     for i, s in enumerate(setting_list):
         if (s, deepest) in results and s != 'baseline':

@@ -78,6 +78,8 @@ def test_coord_check_measures_the_routers_update():
     assert all(x > 0 for x in lime['d_kv_rout'][-1][1:]) and math.isnan(lime['d_kv_rout'][-1][0])
     frozen = cc.check('lime', 4, batches[1:], batches[0][0], {**small, 'router_lr': 0.0})
     assert all(x == 0 for x in frozen['d_kv_rout'][-1][1:]) and all(x > 0 for x in frozen['d_kv'][-1])
+    assert all(x == 0 for x in frozen['d_w_rout'][-1][1:]) and all(x > 0 for x in lime['d_w_rout'][-1][1:])
+    assert frozen['d_w'] == lime['d_w'][:1] + frozen['d_w'][1:] and all(x > 0 for x in frozen['d_w'][0])
     assert all(math.isnan(x) for x in cc.check('baseline', 2, batches[1:], batches[0][0], small)['d_kv_rout'][0])
     assert cc.check('lime-completep', 2, batches[1:], batches[0][0], small) == \
         cc.check('lime', 2, batches[1:], batches[0][0], small)
