@@ -240,3 +240,23 @@ def test_claims_recompute_the_numbers_the_docs_quote():
                             ('mudd: +8.90 ± 8.86 points (interval +0.04 .. +17.76: excludes zero)', '**+8.90 ± 8.86**'),
                             ('= 0.152 per doubling', 'a slope of 0.152 per doubling')):
         assert printed in stdout and quoted in docs, (printed, quoted)
+
+
+@pytest.mark.slow
+def test_gpu_version_stops_at_its_deadline(data_dir, tmp_path):
+    """Runs far longer than the deadline: each is stopped (SIGTERM: train.py saves a checkpoint where it got that far),
+    its row says so, and the script still reads the out_dir and returns."""
+    cfg = tmp_path / 'tiny.py'
+    cfg.write_text(f"dataset = 'shakespeare_char'\ndata_dir = {data_dir!r}\nn_embd = 32\nn_head = 2\nblock_size = 32\n"
+                   "batch_size = 4\ntotal_batch_size = 128\neval_iters = 2\nwarmup_iters = 1\neval_interval = 5\n"
+                   "log_interval = 1\ndtype = 'float32'\ncompile = False\n")
+    out = tmp_path / 'out'
+    code, stdout, _ = script_here('dev/depth_substitution_gpu.py', f'--config={cfg}', f'--out_dir={out}',
+                                  '--base_depths=1,2', '--seeds=0', '--max_iters=100000', '--device=cpu', '--jobs=3',
+                                  '--deadline_s=8')
+    assert code == 0
+    with open(out / 'runs.csv') as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 and {r['status'] for r in rows} == {'stopped at the deadline'}
+    assert not any((out / f"{v}-L{d}-s0" / 'sweep.json').exists() for v, d in (('baseline', 1), ('lime', 1)))
+    assert '3/3 run directories finished' not in stdout and 'no seed finished' in stdout
