@@ -2,8 +2,9 @@
 a naive AttnRes written from the equation in this file (a Python loop over sources, softmax over depth,
 block sums recomputed from scratch), in outputs and every gradient; mHC's Sinkhorn matrices doubly
 stochastic and of Sinkhorn's form, the dynamic form's as eq. (9) (rows last); mHC without its constraint is HC;
-MUDDFormer (and its PrePostDANorm, eq. (10)) against its equations; MoDA against its joint softmax written per
-position; init, counts, cached decoding, optimizer groups (every relative's weights decayed or not, as
+Hyper-Connections (static and dynamic) written out per stream; MUDDFormer (and its PrePostDANorm as its authors'
+code has it) against its equations; MoDA against its joint softmax written per position; Depth-Attention against
+its authors' expression written out; init, counts, cached decoding, optimizer groups (every relative's weights decayed or not, as
 docs/deviations.md says). (torch.compile: tests/test_compile.py.)"""
 import contextlib
 import math
@@ -806,6 +807,51 @@ def test_hc_parameter_count_formula(dynamic):
     n, d, L = 4, 32, 4
     extra_per_sublayer = n * (n + 1) + n + ((d + d * (n + 1) + d + 2) if dynamic else 0)
     assert build(hc=n, hc_dynamic=dynamic).get_num_params() - build().get_num_params() == 2 * L * extra_per_sublayer
+
+
+def naive_hc(model, idx, targets):
+    """The model's function with Hyper-Connections written out per stream, for n streams H_0..H_{n-1} (each
+    (B, T, d)) and around each sub-layer F its alpha (n x (n+1)) and beta (n):
+        dynamic: alpha = static_alpha + s_a tanh(RMSNorm(H_i) W_a) (row i from stream i),
+                 beta_i = static_beta_i + s_b tanh(RMSNorm(H_i) . w_b)
+        h = sum_i alpha[i, 0] H_i,  H'_j = sum_i alpha[i, 1 + j] H_i,  H_j <- H'_j + beta_j F(h)
+    The streams start as copies of the embedding and are summed before the final norm."""
+    n, eps = model.config.hc, model.config.norm_eps
+    rms = lambda x, g: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * g
+    H = [model.transformer.wte(idx)] * n
+    for block in model.transformer.h:
+        for conn, sublayer in ((block.hc_attn, lambda h: block.attn(block.ln_1(h), model.rope)),
+                               (block.hc_mlp, lambda h: block.mlp(block.ln_2(h)))):
+            alpha = [[conn.static_alpha[i, c] for c in range(n + 1)] for i in range(n)]
+            beta = [conn.static_beta[i] for i in range(n)]
+            if conn.dynamic:
+                for i in range(n):
+                    Hn = rms(H[i], conn.norm.weight)
+                    a = torch.tanh(Hn @ conn.dynamic_alpha.weight.T)  # (B, T, n + 1)
+                    alpha[i] = [alpha[i][c] + conn.alpha_scale * a[..., c] for c in range(n + 1)]
+                    beta[i] = beta[i] + conn.beta_scale * torch.tanh(Hn @ conn.dynamic_beta.weight.T)[..., 0]
+            per_token = lambda w: w[..., None] if w.dim() else w  # a (B, T) coefficient against (B, T, d)
+            h = sum(per_token(alpha[i][0]) * H[i] for i in range(n))
+            y = sublayer(h)
+            H = [sum(per_token(alpha[i][1 + j]) * H[i] for i in range(n)) + per_token(beta[j]) * y
+                 for j in range(n)]
+    logits = model.lm_head(model.transformer.ln_f(sum(H)))
+    return logits, F.cross_entropy(logits.view(-1, V), targets.view(-1))
+
+
+@pytest.mark.parametrize("kw", [dict(hc=4), dict(hc=4, hc_dynamic=True), dict(hc=2, hc_dynamic=True, n_kv_head=2),
+                                dict(hc=3, n_layer=2)], ids=str)
+def test_hc_matches_the_equations(kw):
+    """Static and dynamic HC against naive_hc: logits and the gradient of every parameter (alpha, beta, the
+    dynamic weights, scales and norm, every projection), off their init."""
+    model = scramble(build(**kw))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "dynamic_" in name or name.endswith("_scale"):  # W = 0 and s = 0.01 at init: make them act
+                p.add_(torch.randn_like(p) * 0.1)
+    # float32 rounding: 1e-4 of a tensor's scale, and at least 1e-6 (a scale's gradient, one sum over every token
+    # that nearly cancels, can be 1e-5 of the largest gradient, about 1)
+    assert_matches(model, naive_hc, grad_atol=lambda ref: 1e-4 * max(ref.abs().max().item(), 1e-2))
 
 
 # ----------------------------------------------------------------------------- DenseFormer
