@@ -115,8 +115,8 @@ def print_plan(runs, times, skip):
         print(f"{i:>5}  {os.path.basename(run['dir']):<18} {'done' if done else f'{start:9.0f}s':>10} "
               f"{'' if done else f'{end:8.0f}s':>9}{late}")
     depth_list = sorted({r['depth'] for r in runs})
-    print("statistics: " + '; '.join(f"S({d}) = lime-L{d} - baseline-L{2 * d}, G({d}) = baseline-L{d} - baseline-L{2 * d}"
-                                     for d in depth_list[:-1]))
+    print("statistics: " + '; '.join(f"S({d}) = lime-L{d} - baseline-L{2 * d}, "
+                                     f"G({d}) = baseline-L{d} - baseline-L{2 * d}" for d in depth_list[:-1]))
     last = max((end for (_, end), done in zip(times, skip) if not done), default=0.0)
     print(f"estimated: the last run ends at {last:.0f} s " + ("(inside the deadline)" if last <= deadline_s else
                                                               f"(after the deadline: {deadline_s:g} s)"))
@@ -168,36 +168,41 @@ def main():
             print(f"{time.time() - t0:6.0f}s  {os.path.basename(run['dir'])}: {status}"
                   + (f", val loss {final['val_loss']:.4f}" if status == 'done' else ''), flush=True)
 
-        while queue or running:
-            while queue and len(running) < jobs and time.time() - t0 < deadline_s:
-                run = queue.pop(0)
-                os.makedirs(run['dir'], exist_ok=True)
-                resume = os.path.exists(os.path.join(run['dir'], 'ckpt.pt'))
-                args = {**opts, 'lime': run['variant'] == 'lime', 'n_layer': run['depth'], 'seed': run['seed'],
-                        'out_dir': run['dir'], **({'init_from': 'resume'} if resume else {})}
-                with open(os.path.join(run['dir'], 'train.log'), 'a') as out:
-                    p = subprocess.Popen([sys.executable, os.path.join(REPO, 'train.py'),
-                                          *(f"--{k}={v}" for k, v in args.items())], stdout=out,
-                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
-                running[p] = (run, time.time())
-            if time.time() - t0 >= deadline_s:  # SIGTERM: train.py saves a checkpoint and exits
-                queue.clear()
-                for p in running:
-                    p.send_signal(signal.SIGTERM)
+        try:
+            while queue or running:
+                while queue and len(running) < jobs and time.time() - t0 < deadline_s:
+                    run = queue.pop(0)
+                    os.makedirs(run['dir'], exist_ok=True)
+                    resume = os.path.exists(os.path.join(run['dir'], 'ckpt.pt'))
+                    args = {**opts, 'lime': run['variant'] == 'lime', 'n_layer': run['depth'], 'seed': run['seed'],
+                            'out_dir': run['dir'], **({'init_from': 'resume'} if resume else {})}
+                    with open(os.path.join(run['dir'], 'train.log'), 'a') as out:
+                        p = subprocess.Popen([sys.executable, os.path.join(REPO, 'train.py'),
+                                              *(f"--{k}={v}" for k, v in args.items())], stdout=out,
+                                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                    running[p] = (run, time.time())
+                if time.time() - t0 >= deadline_s:  # SIGTERM: train.py saves a checkpoint and exits
+                    queue.clear()
+                    for p in running:
+                        p.send_signal(signal.SIGTERM)
+                    for p, (run, started) in list(running.items()):
+                        try:
+                            p.wait(timeout=30)
+                        except subprocess.TimeoutExpired:
+                            p.kill()
+                            p.wait()
+                        record(run, 0 if p.returncode == 0 and finished_log(run) else 'stopped', started)
+                    running.clear()
+                    break
                 for p, (run, started) in list(running.items()):
-                    try:
-                        p.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        p.kill()
-                        p.wait()
-                    record(run, 0 if p.returncode == 0 and finished_log(run) else 'stopped', started)
-                running.clear()
-                break
-            for p, (run, started) in list(running.items()):
-                if p.poll() is not None:
-                    del running[p]
-                    record(run, p.returncode, started)
-            time.sleep(0.5)
+                    if p.poll() is not None:
+                        del running[p]
+                        record(run, p.returncode, started)
+                time.sleep(0.5)
+        finally:  # an interrupted or failing launcher leaves no run behind on the GPU
+            for p in running:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
     print(f"rows: {rows_path}; {time.time() - t0:.0f} s")
     sys.argv = [sys.argv[0], f'--out_dir={out_dir}', f'--depths={",".join(map(str, depth_list))}',
                 f'--max_iters={max_iters}', f'--csv_path={os.path.join(out_dir, "depth_substitution.csv")}',
