@@ -94,7 +94,8 @@ def build_model(config):
 
 
 class RelativesGPT(GPT):
-    """model.GPT with a cross-layer relative rewiring its residual stream (or, for MoDA, its attention)."""
+    """model.GPT with a cross-layer relative rewiring its residual stream (or, for MoDA and Depth-Attention,
+    its attention)."""
 
     def __init__(self, config):
         super().__init__(config)  # the baseline's weights and LIMe's routers, drawn as in model.GPT

@@ -38,7 +38,7 @@ class Stream:
         read() -> the next sub-layer's input (B, T, d); write(y): that sub-layer's output;
         output() -> what the final norm sees.
     Sub-layers come in order: layer 0's attention, layer 0's MLP, layer 1's attention, ... A stream that changes
-    the block itself (MUDDFormer, MoDA) overrides block()."""
+    the block itself (MUDDFormer, MoDA, Depth-Attention) overrides block()."""
 
     def run(self, blocks, rope, kv_stack=None, cache=None):
         for block in blocks:
