@@ -201,9 +201,10 @@ device = resolve_device(device)  # an indexed 'cuda:N' on CUDA: cuda:LOCAL_RANK 
 device_type = device.split(':')[0]
 ptdtype = resolve_dtype(dtype, device)
 ctx = autocast(device, ptdtype)
+# the model's variant name, from every option variant_name takes (by name: a relative's option is not left out)
+model_variant = variant_name(**{k: globals()[k] for k in inspect.signature(variant_name).parameters})
 if fsdp:
-    sharding.check(ddp, optimizer, variant_name(lime, router, router_init, hc, hc_dynamic, mhc, denseformer, attnres,
-                                                mudd, moda, mudd_prepost), depth_scaling, ptdtype)
+    sharding.check(ddp, optimizer, model_variant, depth_scaling, ptdtype)
 use_compile = (device_type == 'cuda') if compile == 'auto' else compile
 if device_type == 'cuda':
     torch.cuda.set_device(device)
@@ -264,8 +265,6 @@ if ckpt is not None:
     ckpt_log, ckpt = ckpt.get('log'), None  # its copy of the log (older checkpoints: None); free the mapped file
 flops_per_token = model.flops_per_token(block_size)
 if master:
-    model_variant = variant_name(lime, router, router_init, hc, hc_dynamic, mhc, denseformer, attnres, mudd, moda, mudd_prepost,
-                                 depth_attention)
     print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, variant {model_variant}"
           f"{f' (CompleteP from depth_base={depth_base})' if depth_scaling != 'standard' else ''}, "
           f"{flops_per_token / 1e6:.2f} MFLOPs/token "
