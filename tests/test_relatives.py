@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from conftest import OPTIMIZERS
 import model as M
 import relatives as R
-from conftest import V, build, loss_and_grads, saved_bytes, step_logits, tiny
+from conftest import V, build, error_of, loss_and_grads, saved_bytes, step_logits, tiny
+from nanolime.variants import VARIANT_COMPONENTS
 
 def assert_matches(model, reference, grad_atol=lambda ref: 1e-6):
     """The model against reference(model, x, y) -> (logits, loss), a naive form written from the paper's
@@ -1137,3 +1138,17 @@ def test_every_relative_option_is_a_train_option():
     for name, default in options.items():
         assert name in train, f"train.py has no option {name!r} (relatives/: default {default!r})"
         assert ast.literal_eval(train[name]) == default, name
+
+
+@pytest.mark.parametrize("component", [c for c in VARIANT_COMPONENTS if c not in ("baseline", "lime")])
+def test_fsdp_refuses_every_relative_by_its_name(component, data_dir, tmp_path, run_here, monkeypatch):
+    """train.py --fsdp=True (one rank, as torchrun sets it) with each relative's variant: refused before any work,
+    the relative named. train.py names the variant from every option the grammar takes, so a new relative's
+    option cannot be left out of what FSDP checks. Every relative of the registry has a variant here."""
+    assert {R.switch(r) for r in R.RELATIVES} <= {k for opts in VARIANT_COMPONENTS.values() for k in opts}
+    monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("LOCAL_RANK", "0"), monkeypatch.setenv("WORLD_SIZE", "1")
+    options = [f"--{k}={v}" for k, v in VARIANT_COMPONENTS[component].items()]
+    error = error_of(run_here, "train.py", "--device=cpu", "--lime=False", "--n_layer=2", "--n_embd=32",
+                     f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'out'}", "--fsdp=True", *options)
+    assert f"shards the baseline and LIMe only, not {component}" in error
+    assert not (tmp_path / "out").exists()
