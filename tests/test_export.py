@@ -35,6 +35,7 @@ MODELS = {  # a few steps each: weights that are not their init (a router away f
     'lime-gqa': ['--lime=True', '--n_head=4', '--n_kv_head=2'],
     'lime-average': ['--lime=True', '--n_head=4', '--n_kv_head=2', '--router=average'],  # a router that is a buffer
     'lime-mhc': ['--lime=True', '--n_head=2', '--hc=2', '--mhc=static'],
+    'depthattn-gqa': ['--lime=False', '--n_head=4', '--n_kv_head=2', '--depth_attention=True'],  # a relative in attention
     # CompleteP at 3 layers from a base of 2: remote code carries the multiplier (rebuilt from the saved config)
     'lime-completep': ['--lime=True', '--n_head=2', '--depth_scaling=completep', '--depth_base=2'],
     'baseline-completep': ['--lime=False', '--n_head=2', '--depth_scaling=completep', '--depth_base=2'],
