@@ -20,9 +20,11 @@ with repeat_kv(self_k) and repeat_kv(mixed_v); the source layers those with inde
 The sub-layers, norms, RoPE, embedding and head are nanoLIMe's baseline modules (their decoder layer is the same
 pre-norm Llama block).
 
-Their settings where ours can express them: GQA (4 query heads, 2 KV heads), depth_attention_stride 1 (every earlier
-layer a source; their loader's default). Set otherwise (docs/deviations.md): `use_qk_norm` off (their default and
-released configs have per-head q and k RMSNorms; our baseline has none, so their q_norm, k_norm are the identity).
+Their settings where ours can express them: GQA (4 query heads, 2 KV heads), depth_attention_stride 2 at 4 layers,
+so that the fixture checks which layers are sources (layer 3 reads layers 0 and 2, not 1) as well as the recursion
+(layer 2's stored value is its mixed one); their loader's default stride is 1, every earlier layer. Set otherwise
+(docs/deviations.md): `use_qk_norm` off (their default and released configs have per-head q and k RMSNorms; our
+baseline has none, so their q_norm, k_norm are the identity).
 Parameter map: every weight under our name (their q_proj, k_proj, v_proj are our q_proj and kv_proj's halves).
 """
 import ast
@@ -39,7 +41,7 @@ from model import GPT, GPTConfig  # noqa: E402
 
 REPO = "hyq718/Depth-Attention"
 FILE = os.path.join("src", "llamafactory", "model", "modeling", "modeling_llama_depth_attention.py")
-STRIDE = 1
+STRIDE, N_LAYER = 2, 4  # layer 2 a source (its value mixed from layer 0's); layer 3 reads 0 and 2, not 1
 
 
 def their_functions(checkout, names=("_depth_attention_split_mix", "repeat_kv")):
@@ -90,12 +92,13 @@ def main():
     args = fixture.arguments(__doc__, REPO)
     split_mix, repeat_kv = their_functions(args.checkout)
 
-    options = dict(depth_attention=True, depth_attention_stride=STRIDE, n_kv_head=2)
+    options = dict(depth_attention=True, depth_attention_stride=STRIDE, n_kv_head=2, n_layer=N_LAYER)
     ours = fixture.our_model(**options)
     fixture.randomize(ours)
     weights = dict(ours.named_parameters())
 
-    theirs = TheirDepthAttention(GPTConfig(**{**fixture.SHAPE, "n_kv_head": 2}), split_mix, repeat_kv).float()
+    theirs = TheirDepthAttention(GPTConfig(**{**fixture.SHAPE, "n_kv_head": 2, "n_layer": N_LAYER}), split_mix,
+                                 repeat_kv).float()
     their_params = dict(theirs.named_parameters())
     to_ours = {n: n[len("base."):] for n in their_params}
     assert set(to_ours.values()) == set(weights)
@@ -108,8 +111,9 @@ def main():
     fixture.objective(logits, targets).backward()
     grads = {to_ours[n]: p.grad for n, p in their_params.items()}
     notes = ("their _depth_attention_split_mix and repeat_kv (modeling_llama_depth_attention.py) wired as their SDPA "
-             "path's depth_softmax mode around nanoLIMe's baseline modules; stride 1, GQA, use_qk_norm off; the "
-             "checkout held those two functions, copied from the search index's text (no snapshot could be fetched)")
+             "path's depth_softmax mode around nanoLIMe's baseline modules; stride 2 at 4 layers, GQA, use_qk_norm "
+             "off; the checkout held those two functions, copied from the search index's text (no snapshot could be "
+             "fetched)")
     saved = fixture.save("depth_attention", args, options, idx, targets, weights, logits, grads, notes)
     fixture.check_against_ours(fixture.our_model(**options), saved)
 
