@@ -29,10 +29,9 @@ from time import time
 
 from tqdm import tqdm
 from nanolime.common import UserError, configure
-from nanolime import checkpoint
 from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, read_log, writable_dir
 from nanolime.data import arithmetic_tiers, data_id, dataset_dir
-from nanolime.sweep_runs import check_options, final_record, int_list, read_json
+from nanolime.sweep_runs import CHECKPOINT_COLUMNS, check_options, checkpoint_columns, final_record, int_list, read_json
 from nanolime.sweep_report import (MULTIPLIERS, add_compute_multipliers, add_tier_columns, csv_text, earlier_rows,
                                    fit_power_law, plot_lr_sweep, plot_sweep, print_report, reference_ends)
 from nanolime.variants import VARIANT_PLAIN, parse_variant
@@ -329,7 +328,17 @@ if not report_only:
 
 # ----------------------------------------------------------------------------- report
 rows, curves = [], {}  # curves: (depth, variant, seed) -> {iter: (flops, val loss)} of a finished run
-summaries = {}  # (depth, variant) -> checkpoint.run_summary of its first finished run
+OWN = {*MAY_CHANGE, 'n_layer', 'seed'}  # not in a run's options column: the sweep's per run, or not the experiment's
+
+def own_columns(row, keep=False):
+    """A finished row's CHECKPOINT_COLUMNS from its run's own checkpoint; a warning naming the file if it does not
+    fit (the columns empty, or with keep as they were)."""
+    try:
+        row.update(checkpoint_columns(row['out_dir'], row['tokens'], OWN))
+    except UserError as e:
+        print(f"warning: {e}; its row's {', '.join(CHECKPOINT_COLUMNS)} are " + ('as an earlier command wrote them'
+              if keep else 'left empty'), file=sys.stderr)
+
 for run in runs:
     state_path = os.path.join(run['dir'], RUN_STATE)
     state, log = read_json(state_path), read_log(run['dir'])
@@ -342,13 +351,6 @@ for run in runs:
     iters = state.get('max_iters') if report_only else iters_of(run)
     finished = (state.get('status'), state.get('max_iters')) == ('done', iters)
     final = final_record(run['dir'], iters) if finished else None
-    if final and (run['depth'], run['variant']) not in summaries:
-        try:
-            summaries[run['depth'], run['variant']] = checkpoint.run_summary(run['dir'])
-        except UserError:  # no checkpoint kept, or a damaged one: another seed's tells
-            pass
-    summary = summaries.get((run['depth'], run['variant']), {}) if final else {}
-    size = summary.get('non_embedding_params')
     status = run['status'] if 'error' in run else 'done' if final else state['status'] \
         if state.get('status') in ('failed', 'interrupted', 'unknown') else 'incomplete' if log else 'not run'
     rows.append({'depth': run['depth'], 'variant': run['variant'], 'seed': run['seed'], 'budget': run.get('budget'),
@@ -356,11 +358,12 @@ for run in runs:
                  **{k: state.get(k) for k in ('max_iters', 'lr_decay_iters', 'warmup_iters')},  # the schedule it ran
                  'data': state.get('data'),  # the identity of the data it trained on (data.data_id)
                  'tokens': final and final['tokens'], 'train_flops': final and final['flops'],
-                 'learning_rate': summary.get('learning_rate'), 'non_embedding_params': size,
-                 'tokens_per_param': size and round(final['tokens'] / size, 3),
+                 **dict.fromkeys(CHECKPOINT_COLUMNS[:3]),  # own_columns's, from the run's own checkpoint
                  'val_loss': final and final['val_loss'], **dict.fromkeys(MULTIPLIERS),  # add_compute_multipliers's
                  'wall_time_s': round(state['wall_time_s'], 1) if 'wall_time_s' in state else None,
-                 'out_dir': run['dir']})
+                 'options': None, 'out_dir': run['dir']})
+    if final:
+        own_columns(rows[-1])
     if status == 'done' and not run.get('budget'):
         curves[run['depth'], run['variant'], run['seed']] = {r['iter']: (r['flops'], r['val_loss'])
                                                              for r in log if 'val_loss' in r and r['iter'] <= iters}
@@ -373,6 +376,9 @@ tier_list = add_tier_columns(rows)  # arithmetic: a test accuracy per number of 
 # row (what it trained is still there: a refusal loses nothing), and is listed at the end
 checked = [r for r in rows if r['status'] != 'refused']
 earlier = earlier_rows(csv_path, checked)
+for row in earlier:  # its columns from its checkpoint, as this command's rows have them
+    if row['status'] == 'done':
+        own_columns(row, keep=True)
 had = {os.path.basename(r['out_dir']) for r in earlier}
 refused_new = [r for r in rows if r['status'] == 'refused' and os.path.basename(r['out_dir']) not in had]
 atomic_write(csv_path, lambda f: f.write(csv_text(checked + refused_new + earlier).encode()))

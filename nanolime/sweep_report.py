@@ -11,8 +11,11 @@ sweep.csv of your own:
 """
 import csv
 import io
+import json
 import math
 import os
+
+from nanolime.variants import VARIANT_PLAIN
 
 # two-sided 95% quantiles of Student's t for 1..30 degrees of freedom
 T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -178,6 +181,54 @@ def run_kind(row):
     recorded); only runs of one kind are averaged or compared without a mark."""
     return row.get('max_iters'), row.get('data')
 
+NAMED = {*VARIANT_PLAIN, 'router', 'router_init'}  # the options a variant's name sets (nanolime/variants.py)
+
+def _listed(values):
+    """Distinct values, sorted, as one text: '0.002, 0.02'."""
+    values = set(values)
+    try:
+        values = sorted(values)
+    except TypeError:  # None beside numbers
+        values = sorted(values, key=str)
+    return ', '.join(map(str, values))
+
+def mixes(runs, named=()):
+    """What a table line's runs (its seeds', and the control's paired with them) differ in: their lengths
+    (max_iters), data, or any training option of sweep.csv's options column but those in `named` (the ones the
+    line's variant name or the control's sets, which are what is compared), e.g. ['options (learning_rate 0.002,
+    0.02)']; [] if they are runs of one experiment. An option some runs lack (an older version's) is not compared."""
+    out = []
+    lengths, data = {r.get('max_iters') for r in runs}, {r.get('data') for r in runs}
+    if len(lengths) > 1:
+        out.append(f"lengths (max_iters {_listed(lengths)})")
+    if len(data) > 1:
+        out.append(f"data (data {_listed(data)})")
+    options = [json.loads(r['options']) for r in runs if r.get('options')]
+    keys = set.intersection(*(set(o) for o in options)) - set(named) if options else set()
+    differ = [k for k in sorted(keys) if len({json.dumps(o[k]) for o in options}) > 1]
+    if differ:
+        out.append("options (" + '; '.join(f"{k} {_listed(o[k] for o in options)}" for k in differ) + ")")
+    return out
+
+def name_keys(variant):
+    """The options a variant's name sets: the components' and router options, and those after '~'."""
+    return NAMED | {part.partition('=')[0] for part in variant.split('~')[1:]}
+
+def mixed_lines(rows, depths, variants, control):
+    """{(depth, variant): mixes(...) of that table line} for the lines whose runs are not of one experiment: its
+    seeds', and for a variant the control's of the same seeds, differ in length, data or options. Such a line is
+    marked '!' and left out of the paired tests and the depth trend."""
+    done = {(r['depth'], r['variant'], r['seed']): r for r in rows if r['status'] == 'done' and r['budget'] is None}
+    out = {}
+    for d in depths:
+        for v in variants:
+            mine = [r for (rd, rv, _), r in done.items() if (rd, rv) == (d, v)]
+            paired = [done[d, control, r['seed']] for r in mine if v != control and (d, control, r['seed']) in done]
+            what = mixes(mine + paired, name_keys(v) | name_keys(control))
+            if what:
+                out[d, v] = what
+    return out
+
 def best_of_arms(rows):
     """Each arm's best variant at each depth among runs of one length and data, {(depth, arm, max_iters, data):
     (variant, mean final val loss, seeds)}. An arm is a variant name without its '~' options (lime~learning_rate=4e-3
@@ -268,30 +319,26 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
     reference, width = variants[0], max([16] + [len(v) for v in variants])  # width: the variant column's
     done = {d: {v: {r['seed']: r for r in rows if (r['depth'], r['variant'], r['status'], r['budget'])
                     == (d, v, 'done', None)} for v in variants} for d in depths}
+    mixed = mixed_lines(rows, depths, variants, reference)  # lines not of one experiment: no paired test
     diffs = {(d, v): [done[d][v][s][column] - done[d][reference][s][column] for s in done[d][v]
                       if s in done[d][reference]] for d in depths for v in variants if v != reference}
-    diffs = {k: x for k, x in diffs.items() if x}
+    diffs = {k: x for k, x in diffs.items() if x and k not in mixed}
     p_t = {k: t_test_p(x) for k, x in diffs.items()}
     p_holm, tests = dict(zip(p_t, holm(list(p_t.values())))), sum(not math.isnan(p) for p in p_t.values())
     fmt = lambda p: '' if math.isnan(p) else f"{p:.3f}" if p >= 0.001 else '<0.001'
     how = f"fitted over {n_budgets} budgets" if n_budgets else 'off its training curve'
     last = 'vs majority baseline' if floor_column else f'compute multiplier (x {reference} FLOPs, {how}) | per CPU-s'
     holm_over = (f"p_holm that Holm-adjusted over this table's {tests} t tests" if tests else
-                 "p_holm that Holm-adjusted (no row here has two paired seeds: no t test)")
+                 "p_holm that Holm-adjusted (no row here has two paired seeds of one experiment: no t test)")
     print(f"\n{title}: mean ± 95% interval over seeds, difference to {reference} paired by seed\ntwo-sided p: "
           f"p_t paired t test, {holm_over}, p_sign exact sign test (ties dropped); tok/P tokens per "
           f"non-embedding parameter\n"
           f"{'depth':>5}  {'variant':<{width}} {'n':>2} {'tok/P':>6}  {column:<17}  "
           f"{'vs reference':<19} {'verdict':<22} {'p_t':<6} {'p_holm':<6} {'p_sign':<6} {last}\n" + '-' * (125 + width))
-    mixed = []  # the kinds of runs (max_iters, data) a line mixes: its seeds', and those it is paired with
     for d in depths:
         for v, mine in done[d].items():
             m, h = mean_ci([r[column] for r in mine.values()]) if mine else (math.nan, math.nan)
-            kinds = {run_kind(r) for r in mine.values()} | ({run_kind(done[d][reference][s]) for s in mine
-                                                             if s in done[d][reference]} if v != reference else set())
-            mark = '!' if len(kinds) > 1 else ' '
-            if len(kinds) > 1:
-                mixed.append((d, v, kinds))
+            mark = '!' if (d, v) in mixed else ' '
             per_param = [r['tokens_per_param'] for r in mine.values() if r.get('tokens_per_param')]
             per_param = f"{sum(per_param) / len(per_param):.2f}" if per_param else '–'
             line, extra = f"{d:>5}{mark} {v:<{width}} {len(mine):>2} {per_param:>6}  {m:.4f} ± {h:<8.4f}", ''
@@ -300,7 +347,7 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
                 star = '*' if len(diffs[d, v]) < len(mine) else ' '
                 line += (f"  {dm:+.4f} ± {dh:<8.4f}{star} {verdict(dm, dh, lower_is_better):<22} {fmt(p_t[d, v]):<6} "
                          f"{fmt(p_holm[d, v]):<6} {fmt(sign_test_p(diffs[d, v])):<6}")
-            mults = [r for r in mine.values() if r['compute_multiplier'] is not None]
+            mults = [r for r in mine.values() if r['compute_multiplier'] is not None and (d, v) not in mixed]
             if floor_column and mine:  # "above" only when the whole interval is above the floor
                 floor = sum(r[floor_column] for r in mine.values()) / len(mine)
                 where = verdict(m - floor, h, lower_is_better)
@@ -314,13 +361,10 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
                 if times:  # the same, per CPU-second (off wall times: a machine busy with more is noise here)
                     extra += " | {}{:.3f} ± {:.3f}".format(mark, *mean_ci(times))
             print(f"{line:<{101 + width}} {extra}".rstrip() if mine else f"{d:>5}  {v:<{width}}  0  (no finished runs)")
-    for d, v, kinds in mixed:
-        lengths, data = sorted({k[0] for k in kinds}, key=str), sorted({k[1] for k in kinds}, key=str)
-        print(f"! {d} layers, {v}: mixes runs of different " + ' and '.join(
-            [f"lengths (max_iters {', '.join(map(str, lengths))})"] * (len(lengths) > 1)
-            + [f"data (data {', '.join(map(str, data))})"] * (len(data) > 1))
-            + " (its seeds, or the reference's it is paired with): not one comparison; see sweep.csv's max_iters "
-            "and data columns")
+    for (d, v), what in mixed.items():
+        print(f"! {d} layers, {v}: its runs (its seeds, or {reference}'s it is paired with) differ in "
+              f"{' and '.join(what)}: not one experiment, left out of the paired tests; see sweep.csv's max_iters, "
+              "data and options columns")
 
 def print_depth_trend(rows, depths, variants, column='val_loss'):
     """Does a variant's difference to the reference change with depth? The slope of every seed's paired
@@ -328,13 +372,14 @@ def print_depth_trend(rows, depths, variants, column='val_loss'):
     check that does not take the pairs of one seed for independent, each seed's own slope and a t interval over
     the seeds."""
     reference, width = variants[0], max([16] + [len(v) for v in variants[1:]])
+    mixed = mixed_lines(rows, depths, variants, reference)  # marked '!' in the table: not one experiment
     done = {(r['depth'], r['variant'], r['seed']): r[column] for r in rows
             if r['status'] == 'done' and r['budget'] is None}
     lines = []
     for v in variants[1:]:
         by_seed = {}  # seed -> its (log2(depth), difference) pairs
         for (d, w, s) in done:
-            if w == v and d in depths and (d, reference, s) in done:
+            if w == v and d in depths and (d, reference, s) in done and (d, v) not in mixed:
                 by_seed.setdefault(s, []).append((math.log2(d), done[d, v, s] - done[d, reference, s]))
         pairs = [xy for xys in by_seed.values() for xy in xys]
         if len({x for x, _ in pairs}) >= 2:

@@ -1,14 +1,16 @@
 """sweep.py's bookkeeping of run directories, and its check of a sweep's options by train.py itself."""
 import contextlib
+import dataclasses
 import difflib
 import io
 import json
+import os
 import re
 import runpy
 import sys
 
 from nanolime import checkpoint
-from nanolime.checkpoint import read_log
+from nanolime.checkpoint import CKPT_NAME, load_checkpoint, read_log
 from nanolime.common import UserError
 
 
@@ -33,6 +35,39 @@ def read_json(path):
 def final_record(run_dir, iters):
     """The log record of the evaluation at iteration `iters`, or None if the run has not got there."""
     return next((r for r in reversed(read_log(run_dir)) if r.get('iter') == iters and 'val_loss' in r), None)
+
+
+CHECKPOINT_COLUMNS = ('learning_rate', 'non_embedding_params', 'tokens_per_param', 'options')
+
+
+def checkpoint_columns(run_dir, tokens, exclude):
+    """sweep.csv's columns of a run that its own checkpoint gives: learning_rate (the peak lr it trained with),
+    non_embedding_params (of the model its options build), tokens_per_param (`tokens`, those it trained on, per
+    non-embedding parameter) and options (its training options as JSON, less `exclude`: those the sweep sets per
+    run or that may change between commands). UserError naming the file and what in it does not fit."""
+    import torch
+    from relatives import RelativesConfig, build_model
+    path = os.path.join(run_dir, CKPT_NAME)
+    ckpt = load_checkpoint(path)
+    config, args = ckpt['config'], ckpt['model_args']
+    if not isinstance(config, dict) or not isinstance(args, dict):
+        raise UserError(f"{path} is damaged: its config or model_args is no dict")
+    unknown = sorted(set(args) - {f.name for f in dataclasses.fields(RelativesConfig)})
+    if unknown:
+        raise UserError(f"{path}: model option '{unknown[0]}' is not one of this model.py's (a checkpoint of another "
+                        "nanoLIMe version)")
+    try:
+        with torch.device('meta'):  # the shapes only: no memory, no time
+            size = build_model(RelativesConfig(**args)).get_num_params(non_embedding=True)
+    except Exception as e:  # a value this model.py refuses (GPTConfig's checks)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"{path}: its model options build no model of this model.py ({first})") from None
+    lr = config.get('learning_rate')
+    return {'learning_rate': lr if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None,
+            'non_embedding_params': size,
+            'tokens_per_param': round(tokens / size, 3) if isinstance(tokens, int) and size else None,
+            'options': json.dumps({k: v for k, v in sorted(config.items()) if k not in exclude},
+                                  separators=(',', ':'), default=str)}
 
 
 class _Checked(Exception):

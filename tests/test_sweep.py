@@ -31,7 +31,8 @@ from nanolime import variants
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
         '--eval_iters=2', '--warmup_iters=1', '--log_interval=1', '--compile=False', '--dtype=float32']
 COLUMNS = ['depth', 'variant', 'seed', 'budget', 'status', 'iters', 'max_iters', 'lr_decay_iters', 'warmup_iters',
-           'data', 'tokens', 'train_flops', 'learning_rate', 'non_embedding_params', 'tokens_per_param', 'val_loss', 'compute_multiplier', 'multiplier_note', 'time_multiplier', 'wall_time_s',
+           'data', 'tokens', 'train_flops', 'learning_rate', 'non_embedding_params', 'tokens_per_param', 'val_loss', 'compute_multiplier',
+           'multiplier_note', 'time_multiplier', 'wall_time_s', 'options',
            'out_dir']
 
 
@@ -746,3 +747,49 @@ def test_a_rerun_on_other_data_is_refused_and_rows_carry_the_data(swept, run_her
     assert '0 already done, 0 to evaluate, 0 to resume, 0 to start, 4 refused' in out
     assert f"{rerun}/lime-L2-s1 was trained on other data (data {ident}; {other}/shakespeare_char is data " in err
     assert [r['status'] for r in read_csv(os.path.join(rerun, 'sweep.csv'))] == ['done'] * 4  # kept, not replaced
+
+
+def test_each_row_is_its_own_run_and_a_line_of_mixed_options_is_marked(swept, run_here, capsys, tmp_path):
+    """A second command into the same out_dir at another learning_rate and width (seed 2): every row's
+    learning_rate, options, parameter count and tokens per parameter are its own checkpoint's, in the second
+    command's report, a report over both and a rerun that refuses the first command's runs; a table line that
+    mixes the two settings is marked '!', names the options that differ and has no paired test."""
+    from relatives import RelativesConfig, build_model
+    root, args, _, _ = swept
+    both = copy_of(root, tmp_path, 'both')
+    second = [a for a in args if not a.startswith(('--seeds=', '--out_dir='))]
+    second += [f'--out_dir={both}', '--learning_rate=2e-2', '--n_embd=32', '--plot=False']
+    assert run_here('sweep.py', *second, '--seeds=2') == 0
+    capsys.readouterr()
+
+    def check_rows():
+        rows = read_csv(os.path.join(both, 'sweep.csv'))
+        assert sorted((r['variant'], r['seed']) for r in rows) == sorted((v, s) for v in ('baseline', 'lime')
+                                                                          for s in '012')
+        for r in rows:
+            ckpt = torch.load(os.path.join(r['out_dir'], 'ckpt.pt'), weights_only=True)
+            with torch.device('meta'):
+                size = build_model(RelativesConfig(**ckpt['model_args'])).get_num_params(non_embedding=True)
+            assert float(r['learning_rate']) == ckpt['config']['learning_rate'], r
+            assert int(r['non_embedding_params']) == size and float(r['tokens_per_param']) == round(192 / size, 3), r
+            options = json.loads(r['options'])
+            assert {k: options[k] for k in ('learning_rate', 'n_embd', 'lime')} == \
+                {k: ckpt['config'][k] for k in ('learning_rate', 'n_embd', 'lime')}, r
+            assert not {'seed', 'n_layer', 'out_dir', 'max_iters'} & set(options)  # the sweep's, and the length's
+        return {(r['variant'], r['seed']): r for r in rows}
+    by = check_rows()
+    assert by['lime', '2']['learning_rate'] == '0.02' and by['lime', '1']['learning_rate'] == '0.002'
+    assert by['lime', '2']['non_embedding_params'] != by['lime', '1']['non_embedding_params']
+    assert run_here('sweep.py', *second, '--seeds=0,1,2', '--report_only=True') == 0
+    out = capsys.readouterr().out
+    check_rows()
+    line = {v: next(l for l in out.splitlines() if re.match(rf'\s*2!?\s+{v}\s', l)) for v in ('baseline', 'lime')}
+    assert line['baseline'].startswith('    2!') and line['lime'].startswith('    2!'), out
+    assert not re.search(r'inside seed noise|better|worse|\d\.\d{3}\s+\d\.\d{3}', line['lime']), line['lime']
+    marks = [l for l in out.splitlines() if l.startswith('! 2 layers, ')]
+    assert len(marks) == 2 and all('learning_rate 0.002, 0.02' in l and 'n_embd 16, 32' in l for l in marks), out
+    assert "no row here has two paired seeds of one experiment: no t test" in out  # the one line with pairs is left out
+    # a rerun at the second command's options refuses the first command's runs and keeps their rows as they are
+    assert run_here('sweep.py', *second, '--seeds=0,1,2') == 1
+    assert '2 already done, 0 to evaluate, 0 to resume, 0 to start, 4 refused' in capsys.readouterr().out
+    check_rows()

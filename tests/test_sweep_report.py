@@ -211,7 +211,7 @@ def test_a_table_of_one_seed_per_row_says_it_has_no_t_test(capsys):
     rows = [row(8, 'baseline', 20, 2.04), row(8, 'lime', 20, 2.05), row(16, 'baseline', 20, 2.0), row(16, 'lime', 20, 1.98)]
     sweep_report.print_table(rows, [8, 16], ['baseline', 'lime'], 'val_loss', 'final val loss')
     out = capsys.readouterr().out
-    assert "no row here has two paired seeds: no t test" in out
+    assert "no row here has two paired seeds of one experiment: no t test" in out
     assert "0 t tests" not in out
     for l in out.splitlines():
         if re.match(r'\s*\d+\s+lime', l):
@@ -489,3 +489,40 @@ def test_best_of_arm_compares_runs_of_one_length_and_data():
     assert best == {(2, 'lime', 100, 'd1'): ('lime', 2.0, 2), (2, 'lime', 400, 'd1'): ('lime' + lr, 1.05, 2)}
     marks = [line.rsplit(',', 1)[1] for line in sweep_report.csv_text(rows).splitlines()[1:]]
     assert marks == ['True'] * 4  # each the best of its own length: not one better than the other
+
+
+def test_a_line_whose_runs_differ_in_an_option_is_marked_and_not_tested(capsys):
+    """Runs of a line that differ in a training option its variant name does not set (their own, or from the
+    control's they are paired with) are marked '!', the option and its values named, and have no p-value; options
+    the names set (lime, router_lr after '~') are what is compared, not a mix."""
+    import json
+
+    def row(variant, seed, loss, **options):
+        base = dict(learning_rate=0.002, n_embd=16, lime=variant.startswith('lime'), router_lr=0.01)
+        return dict(depth=2, variant=variant, seed=seed, status='done', budget=None, val_loss=loss, max_iters=100,
+                    data='d1', compute_multiplier=None, multiplier_note='', options=json.dumps({**base, **options}))
+    lr = 'lime~router_lr=0.002'
+    rows = [row('baseline', s, 2.0 + s / 10) for s in range(3)]
+    rows += [row('lime', 0, 1.9), row('lime', 1, 2.0, learning_rate=0.02), row('lime', 2, 2.1)]
+    rows += [row(lr, s, 1.95 + s / 10 + s * s / 100, router_lr=0.002) for s in range(3)]
+    rows += [row('hc', s, 1.9 + s / 10, n_embd=32) for s in range(3)]
+    sweep_report.print_table(rows, [2], ['baseline', 'lime', lr, 'hc'], 'val_loss', 'final val loss')
+    out = capsys.readouterr().out.splitlines()
+    line = {v: next(l for l in out if re.match(rf'\s*2!?\s+{re.escape(v)}\s', l)) for v in ('baseline', 'lime', lr, 'hc')}
+    assert [v for v in line if '!' in line[v][:6]] == ['lime', 'hc']
+    assert 'over this table\'s 1 t tests' in '\n'.join(out)
+    assert re.search(r'\d\.\d{3}\s+\d\.\d{3}\s+\d\.\d{3}$', line[lr]), line[lr]  # p_t, p_holm, p_sign
+    for v in ('lime', 'hc'):
+        assert not re.search(r'inside seed noise|better|worse|\d\.\d{3}\s+\d\.\d{3}', line[v]), line[v]
+    marks = [l for l in out if l.startswith('! ')]
+    assert marks == [
+        "! 2 layers, lime: its runs (its seeds, or baseline's it is paired with) differ in options (learning_rate "
+        "0.002, 0.02): not one experiment, left out of the paired tests; see sweep.csv's max_iters, data and options "
+        "columns",
+        "! 2 layers, hc: its runs (its seeds, or baseline's it is paired with) differ in options (n_embd 16, 32): not "
+        "one experiment, left out of the paired tests; see sweep.csv's max_iters, data and options columns"]
+    # nor in the depth trend: a marked line's pairs are not a trend
+    deeper = [{**r, 'depth': 4} for r in rows]
+    sweep_report.print_depth_trend(rows + deeper, [2, 4], ['baseline', 'lime', lr, 'hc'])
+    trend = capsys.readouterr().out
+    assert re.search(rf'^{re.escape(lr)}\s', trend, re.M) and not re.search(r'^(lime|hc)\s', trend, re.M), trend
