@@ -267,9 +267,7 @@ if report_only and not os.path.isdir(out_dir):
     raise UserError(f"out_dir {out_dir} is no directory: nothing to report; check its name")
 if os.path.isdir(csv_path):
     raise UserError(f"{csv_path} is a directory: move it away, or use another out_dir")
-if not report_only:
-    writable_dir(out_dir, 'out_dir')
-    lock_dir(out_dir, 'out_dir')
+if not report_only:  # every check before out_dir is claimed: a refused sweep leaves nothing behind
     with tempfile.TemporaryDirectory() as tmp:  # each variant's options at the deepest depth, checked by train.py
         configs = check_options(TRAIN_PY, {v: run_args({'variant': v, 'depth': max(depth_list), 'seed': seed_list[0],
                                                         'dir': tmp}) for v in variant_list}, sweep_keys)
@@ -282,6 +280,8 @@ if not report_only:
         raise UserError(f"budgets={budgets!r}: the shortest budget's lr decay ({budget_decay(min(budget_list))} "
                         f"iterations) must outlast warmup_iters={warmup}; use longer budgets or a shorter warmup")
     arithmetic = bool(arithmetic_tiers(configs[reference]['dataset']))
+    writable_dir(out_dir, 'out_dir')
+    lock_dir(out_dir, 'out_dir')
     for run in runs:
         try:
             run['status'] = run_status(run)

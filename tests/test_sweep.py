@@ -407,7 +407,7 @@ def test_bad_input_is_refused_before_any_run(run_here, data_dir, tmp_path):
             run_here('sweep.py', '--depths=2', f'--out_dir={root}', *tiny, *args)
         assert str(e.value).startswith(message), (args, str(e.value))
         assert args != ['--jobs=0'] or 'jobs=0' in str(e.value) and 'jobs >= 1' in str(e.value)
-        assert not root.exists() or os.listdir(root) == ['.lock']  # no run started
+        assert not root.exists()  # no run started, and out_dir not claimed: a refusal leaves nothing behind
 
 
 def test_variant_names(sweep_fns):
@@ -655,6 +655,7 @@ def test_file_problems_are_one_line(run_here, data_dir, tmp_path):
     assert not missing.exists()
     with pytest.raises(common.UserError, match="max_iters=0: a sweep compares trained runs; give max_iters >= 1"):
         run_here('sweep.py', f"--out_dir={tmp_path / 'zero'}", *tiny, '--max_iters=0')
+    assert not (tmp_path / 'zero').exists()
     run_file = tmp_path / 'run_file'
     run_file.mkdir()
     (run_file / 'baseline-L1-s0').write_text('')
