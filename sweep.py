@@ -31,9 +31,10 @@ from tqdm import tqdm
 from nanolime.common import UserError, configure
 from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, read_log, writable_dir
 from nanolime.data import arithmetic_tiers, data_id, dataset_dir
-from nanolime.sweep_runs import CHECKPOINT_COLUMNS, check_options, checkpoint_columns, final_record, int_list, read_json
+from nanolime.sweep_runs import (CHECKPOINT_COLUMNS, check_options, final_record, int_list, own_columns, quiet_stdout,
+                                 read_state, tier_scores)
 from nanolime.sweep_report import (MULTIPLIERS, add_compute_multipliers, add_tier_columns, csv_text, earlier_rows,
-                                   fit_power_law, plot_lr_sweep, plot_sweep, print_report, reference_ends)
+                                   fit_power_law, plot_lr_sweep, plot_sweep, print_report, reference_ends, WrittenRow)
 from nanolime.variants import VARIANT_PLAIN, parse_variant
 
 # -----------------------------------------------------------------------------
@@ -86,6 +87,9 @@ for key in [k for k in os.environ if k in DDP_ENV or k.startswith('TORCHELASTIC_
     del os.environ[key]
 train_opts = {}  # every key that is not the sweep's: train.py's --key=<text>, which train.py checks
 sweep_keys = list(configure(globals(), extra=train_opts))
+hook = sys.excepthook  # configure()'s; `sweep.py | head -1`: a closed pipe ends the sweep quietly, as other tools end
+sys.excepthook = lambda etype, *rest: (quiet_stdout(), sys.exit(1)) if issubclass(etype, BrokenPipeError) else \
+    hook(etype, *rest)
 depth_list, seed_list = int_list('depths', depths, 1), int_list('seeds', seeds, 0)
 variant_list = [v for v in variants.replace(' ', '').split(',') if v]
 if not variant_list or len(set(variant_list)) != len(variant_list):
@@ -156,10 +160,14 @@ def budget_decay(budget):
     return max(1, round(configs[reference]['lr_decay_iters'] * budget / max_iters))
 
 def scores(run_dir):
-    """study/arithmetic.py's accuracies per tier of the run's final checkpoint, or None if it has not scored that."""
+    """study/arithmetic.py's accuracies per tier of the run's final checkpoint, or None if it has not scored that
+    (or if its scores are damaged: said in a warning, they are made again)."""
     path = os.path.join(run_dir, ARITH_JSON)
     if os.path.exists(path) and os.path.getmtime(path) >= os.path.getmtime(os.path.join(run_dir, CKPT_NAME)):
-        return read_json(path).get('per_tier')
+        try:
+            return tier_scores(path)
+        except UserError as e:
+            print(f"warning: {e}; its run is scored again", file=sys.stderr)
 
 def run_status(run):
     """'scratch', 'resume', 'eval' (trained, not yet scored) or 'done'; UserError if trained with other options."""
@@ -189,7 +197,7 @@ def run_status(run):
     if diff:
         raise UserError(f"{run['dir']} was trained with other options ({what}); "
                         "use another out_dir for this sweep, or delete that run")
-    state = read_json(os.path.join(run['dir'], RUN_STATE))
+    state = read_state(os.path.join(run['dir'], RUN_STATE))[0]
     if state.get('status') != 'done' or state.get('max_iters') != iters:
         return 'resume'  # also a run finished outside the sweep: train.py then has nothing to do
     return 'eval' if arithmetic and scores(run['dir']) is None else 'done'
@@ -241,7 +249,7 @@ def train(run):
         os.makedirs(run['dir'], exist_ok=True)
         code, resume, state_path = 0, run['status'] == 'resume', os.path.join(run['dir'], RUN_STATE)
         if run['status'] != 'eval':
-            wall, t0 = read_json(state_path).get('wall_time_s', 0.0) if resume else 0.0, time()
+            wall, t0 = read_state(state_path)[0].get('wall_time_s', 0.0) if resume else 0.0, time()
             code = child(run, 'train.py', run_args(run) + ['--init_from=resume'] * resume, 'a' if resume else 'w')
             if code == 0 and final_record(run['dir'], iters_of(run)) is None:
                 code, run['error'] = 1, f"exited normally but logged no val loss at iter {iters_of(run)}"
@@ -315,38 +323,28 @@ if not report_only:  # every check before out_dir is claimed: a refused sweep le
                 f"done {run['name']} ({k}/{len(todo)}): val loss {final['val_loss']:.4f}"
             bar.write(msg, file=sys.stderr if code else sys.stdout)
             bar.update(1)
-    except KeyboardInterrupt:  # the runs save a checkpoint and stop (train.py's Ctrl-C); rerunning resumes them
+    except (KeyboardInterrupt, BrokenPipeError) as e:  # the runs save a checkpoint and stop (train.py's Ctrl-C)
         stopping.set()
         with lock:
             for p in procs.values():
                 p.send_signal(signal.SIGINT)
         pool.shutdown(wait=True, cancel_futures=True)
         print("\ninterrupted: the running runs saved a checkpoint; rerun the same command to resume", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(130 if isinstance(e, KeyboardInterrupt) else quiet_stdout() or 1)  # a closed pipe: exit quietly
     pool.shutdown()
     bar.close()
 
 # ----------------------------------------------------------------------------- report
 rows, curves = [], {}  # curves: (depth, variant, seed) -> {iter: (flops, val loss)} of a finished run
 OWN = {*MAY_CHANGE, 'n_layer', 'seed'}  # not in a run's options column: the sweep's per run, or not the experiment's
-
-def own_columns(row, keep=False):
-    """A finished row's CHECKPOINT_COLUMNS from its run's own checkpoint; a warning naming the file if it does not
-    fit (the columns empty, or with keep as they were)."""
-    try:
-        row.update(checkpoint_columns(row['out_dir'], row['tokens'], OWN))
-    except UserError as e:
-        print(f"warning: {e}; its row's {', '.join(CHECKPOINT_COLUMNS)} are " + ('as an earlier command wrote them'
-              if keep else 'left empty'), file=sys.stderr)
-
 for run in runs:
     state_path = os.path.join(run['dir'], RUN_STATE)
-    state, log = read_json(state_path), read_log(run['dir'])
+    (state, damage), log = read_state(state_path), read_log(run['dir'])
     if report_only and run.get('budget') and not log:
         continue  # a budget run never started (or at max_iters: the reference's own run)
-    if os.path.exists(state_path) and not state.get('status'):
-        print(f"warning: {state_path} is damaged: its run is reported as 'unknown'; rerun the sweep (without "
-              "--report_only) to check it and finish it if it is not", file=sys.stderr)
+    if damage:
+        print(f"warning: {state_path} is damaged ({damage}): its run is reported as 'unknown'; rerun the sweep "
+              "(without --report_only) to check it and finish it if it is not", file=sys.stderr)
         state = {'status': 'unknown'}
     iters = state.get('max_iters') if report_only else iters_of(run)
     finished = (state.get('status'), state.get('max_iters')) == ('done', iters)
@@ -363,7 +361,7 @@ for run in runs:
                  'wall_time_s': round(state['wall_time_s'], 1) if 'wall_time_s' in state else None,
                  'options': None, 'out_dir': run['dir']})
     if final:
-        own_columns(rows[-1])
+        own_columns(rows[-1], OWN)
     if status == 'done' and not run.get('budget'):
         curves[run['depth'], run['variant'], run['seed']] = {r['iter']: (r['flops'], r['val_loss'])
                                                              for r in log if 'val_loss' in r and r['iter'] <= iters}
@@ -377,8 +375,8 @@ tier_list = add_tier_columns(rows)  # arithmetic: a test accuracy per number of 
 checked = [r for r in rows if r['status'] != 'refused']
 earlier = earlier_rows(csv_path, checked)
 for row in earlier:  # its columns from its checkpoint, as this command's rows have them
-    if row['status'] == 'done':
-        own_columns(row, keep=True)
+    if row['status'] == 'done' and not isinstance(row, WrittenRow):
+        own_columns(row, OWN, keep=True)
 had = {os.path.basename(r['out_dir']) for r in earlier}
 refused_new = [r for r in rows if r['status'] == 'refused' and os.path.basename(r['out_dir']) not in had]
 atomic_write(csv_path, lambda f: f.write(csv_text(checked + refused_new + earlier).encode()))

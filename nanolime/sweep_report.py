@@ -14,6 +14,7 @@ import io
 import json
 import math
 import os
+import sys
 
 from nanolime.variants import VARIANT_PLAIN
 
@@ -245,11 +246,16 @@ def best_of_arms(rows):
             best[key] = (variant, mean, len(xs))
     return best
 
+class WrittenRow(dict):
+    """A row of an earlier sweep.csv with a cell that is not what its column holds: kept as written (text), in no
+    comparison (earlier_rows)."""
+
 def csv_text(rows):
     """sweep.csv's text: a header of the first row's keys and best_of_arm (whether the row's variant is its
     arm's best at its depth: best_of_arms; empty for a budget run or an unfinished one), then a line per row."""
-    best = best_of_arms(rows)
-    rows = [{**row, 'best_of_arm': best[row['depth'], row['variant'].split('~')[0], *run_kind(row)][0] == row['variant']
+    best = best_of_arms([row for row in rows if not isinstance(row, WrittenRow)])
+    rows = [row if isinstance(row, WrittenRow) else
+            {**row, 'best_of_arm': best[row['depth'], row['variant'].split('~')[0], *run_kind(row)][0] == row['variant']
              if row['status'] == 'done' and row['budget'] is None else None} for row in rows]
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
@@ -263,22 +269,46 @@ CSV_NUMBERS = dict(depth=int, seed=int, budget=int, iters=int, max_iters=int, lr
 
 def parse_row(r):
     """A row read from sweep.csv with its numbers as sweep.py has them (None where empty; acc_<N> and
-    majority_<N> floats; best_of_arm, which csv_text derives, dropped)."""
-    kind = lambda k: CSV_NUMBERS.get(k, float if k.startswith(('acc_', 'majority_')) else str)
-    return {k: None if v == '' else kind(k)(v) for k, v in r.items() if k != 'best_of_arm'}
+    majority_<N> floats; best_of_arm, which csv_text derives, dropped). ValueError naming the first cell that
+    is not what its column holds."""
+    if None in r or None in r.values():  # csv.DictReader's extra cells, or missing ones
+        raise ValueError(f"{'more' if None in r else 'fewer'} cells than the header has")
+    out = {}
+    for k, v in r.items():
+        kind = CSV_NUMBERS.get(k, float if k.startswith(('acc_', 'majority_')) else str)
+        try:
+            out[k] = None if v == '' else kind(v)
+        except ValueError:
+            raise ValueError(f"its {k} is {v!r}, not {'an integer' if kind is int else 'a number'}") from None
+    if not isinstance(out.get('status'), str) or not isinstance(out.get('variant'), str) or out.get('depth') is None:
+        raise ValueError("its depth, variant or status is missing")
+    out.pop('best_of_arm', None)
+    return out
 
 def earlier_rows(path, rows):
     """The rows an earlier command wrote into the sweep.csv at path for runs that rows do not have (another
     command's variants, depths or seeds in the same out_dir) and whose directories are still there, typed as
-    rows are, their multipliers as that command computed them (against its reference): a sweep run in parts
-    keeps every run in its CSV, and best_of_arm spans them all. [] without a readable file."""
-    root, names = os.path.dirname(path), {os.path.basename(r['out_dir']) for r in rows}
+    rows are, their multipliers as that command computed them (against its control): a sweep run in parts
+    keeps every run in its CSV, and best_of_arm spans them all. [] without a readable file. A row with a cell
+    that is not what its column holds is said in a warning naming the file, line and column, and kept as
+    written (a WrittenRow: in no comparison); the file's other rows are read as they are."""
+    root, names, earlier = os.path.dirname(path), {os.path.basename(r['out_dir']) for r in rows}, []
     try:
         with open(path, newline='') as f:
-            earlier = [parse_row(r) for r in csv.DictReader(f)]
-    except (OSError, csv.Error, UnicodeDecodeError, ValueError):
-        return []
-    return [{**r, 'out_dir': os.path.join(root, name)} for r in earlier
+            reader = csv.DictReader(f)
+            for r in reader:
+                try:
+                    earlier.append(parse_row(r))
+                except ValueError as e:
+                    print(f"warning: {path}, line {reader.line_num}: {e}: that row is kept as written, in no "
+                          "comparison; correct it, or delete the line", file=sys.stderr)
+                    earlier.append(WrittenRow({k: '' if v is None else v for k, v in r.items()
+                                               if k not in (None, 'best_of_arm')}))
+    except (OSError, csv.Error, UnicodeDecodeError) as e:
+        if os.path.exists(path):
+            print(f"warning: {path} could not be read whole ({e}): only its first {len(earlier)} rows are kept",
+                  file=sys.stderr)
+    return [type(r)({**r, 'out_dir': os.path.join(root, name)}) for r in earlier
             if (name := os.path.basename(r.get('out_dir') or '')) and name not in names
             and os.path.isdir(os.path.join(root, name))]
 
@@ -292,7 +322,12 @@ def read_rows(*paths):
     rows, seen = [], set()
     for path in paths:
         with open(path, newline='') as f:
-            for r in map(parse_row, csv.DictReader(f)):
+            reader = csv.DictReader(f)
+            for r in reader:
+                try:
+                    r = parse_row(r)
+                except ValueError as e:
+                    raise ValueError(f"{path}, line {reader.line_num}: {e}") from None
                 key = (r['depth'], r['variant'], r['seed'], r['budget'])
                 if r['status'] == 'done' and key not in seen:
                     seen.add(key)

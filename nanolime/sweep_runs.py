@@ -23,13 +23,47 @@ def int_list(key, text, low):
 
 
 def read_json(path):
-    """A JSON object from path; {} if it is missing or is no JSON object (damaged, say: the caller decides)."""
+    """The JSON object in the file at path; None if it is missing, or holds no JSON object (damaged, say: the
+    caller decides)."""
     try:
         with open(path) as f:
             data = json.load(f)
     except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        return None
+    return data if isinstance(data, dict) else None
+
+
+STATE_TYPES = {'status': str, 'max_iters': int, 'lr_decay_iters': int, 'warmup_iters': int, 'wall_time_s': float,
+               'data': str}  # the fields of a run's sweep.json that sweep.py reads (data may also be null)
+
+
+def read_state(path):
+    """(the fields of a run's sweep.json, what is wrong with it or None): ({}, None) if there is none; ({}, what) if
+    it holds no JSON object, no status, or a field of another type than STATE_TYPES's."""
+    if not os.path.exists(path):
+        return {}, None
+    state = read_json(path)
+    if state is None:
+        return {}, "not a JSON object"
+    for key, kind in STATE_TYPES.items():
+        value = state.get(key)
+        if key in state and not (value is None and key == 'data') and (
+                isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind)):
+            what = {str: 'a string', int: 'an integer', float: 'a number'}[kind]
+            return {}, f"its {key} is {json.dumps(value)}, not {what}"
+    return (state, None) if state.get('status') else ({}, "no status")
+
+
+def tier_scores(path):
+    """study/arithmetic.py's accuracies per tier from the file at path ({tier: {'accuracy': ..., ...}}), or None
+    if it is missing; UserError naming the file if they are not that."""
+    scores = read_json(path)
+    per_tier = scores.get('per_tier') if scores is not None else None
+    if os.path.exists(path) and not (isinstance(per_tier, dict) and all(
+            isinstance(v, dict) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v.values())
+            for v in per_tier.values())):
+        raise UserError(f"{path} is damaged: no per_tier of numbers")
+    return per_tier
 
 
 def final_record(run_dir, iters):
@@ -68,6 +102,22 @@ def checkpoint_columns(run_dir, tokens, exclude):
             'tokens_per_param': round(tokens / size, 3) if isinstance(tokens, int) and size else None,
             'options': json.dumps({k: v for k, v in sorted(config.items()) if k not in exclude},
                                   separators=(',', ':'), default=str)}
+
+
+def own_columns(row, exclude, keep=False):
+    """A finished row's CHECKPOINT_COLUMNS from its run's own checkpoint (checkpoint_columns); a warning naming the
+    file and what in it does not fit if they cannot be read, the columns then empty (with keep: as they were)."""
+    try:
+        row.update(checkpoint_columns(row['out_dir'], row['tokens'], exclude))
+    except UserError as e:
+        kept = 'as an earlier command wrote them' if keep else 'left empty'
+        print(f"warning: {e}; its row's {', '.join(CHECKPOINT_COLUMNS)} are {kept}", file=sys.stderr)
+
+
+def quiet_stdout():
+    """stdout to /dev/null: after a write to a closed pipe (`sweep.py | head -1`), so that the exit flushes
+    nothing into it and the command ends quietly, as other command-line tools do."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 class _Checked(Exception):

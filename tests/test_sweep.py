@@ -675,12 +675,15 @@ def test_a_damaged_sweep_json_is_said_and_repaired(swept, run_here, capsys, tmp_
     root, args, _, _ = swept
     again = copy_of(root, tmp_path, 'again')
     state = os.path.join(again, 'lime-L2-s0', 'sweep.json')
-    for damage in ('{"status": "do', '[1, 2]'):
+    for damage, what in [('{"status": "do', 'not a JSON object'), ('[1, 2]', 'not a JSON object'),
+                         ('{"status": "done", "max_iters": 3, "wall_time_s": "12 s"}', 'its wall_time_s is "12 s", not '
+                                                                                       'a number'),
+                         ('{"status": ["done"], "max_iters": 3}', 'its status is ["done"], not a string')]:
         with open(state, 'w') as f:
             f.write(damage)
         assert run_here('sweep.py', *args, f'--out_dir={again}', '--report_only=True', '--plot=False') == 0
         out, err = capsys.readouterr()
-        assert f"warning: {state} is damaged: its run is reported as 'unknown'" in err
+        assert f"warning: {state} is damaged ({what}): its run is reported as 'unknown'" in err, err
         row = next(r for r in read_csv(os.path.join(again, 'sweep.csv')) if r['out_dir'].endswith('lime-L2-s0'))
         assert row['status'] == 'unknown'
     assert run_here('sweep.py', *args, f'--out_dir={again}', '--plot=False') == 0
@@ -794,3 +797,37 @@ def test_each_row_is_its_own_run_and_a_line_of_mixed_options_is_marked(swept, ru
     assert run_here('sweep.py', *second, '--seeds=0,1,2') == 1
     assert '2 already done, 0 to evaluate, 0 to resume, 0 to start, 4 refused' in capsys.readouterr().out
     check_rows()
+
+
+def test_a_checkpoint_of_another_model_py_is_a_warning_and_its_row_kept(swept, run_here, capsys, tmp_path):
+    """A finished run whose checkpoint has a model option this model.py lacks: the report and a rerun say so in
+    a warning naming the file and the option, keep its row (its checkpoint's columns empty) and every other."""
+    root, args, _, _ = swept
+    again = copy_of(root, tmp_path, 'again')
+    path = os.path.join(again, 'lime-L2-s0', 'ckpt.pt')
+    ckpt = torch.load(path, weights_only=True)
+    ckpt['model_args']['router_temperature'] = 2.0
+    torch.save(ckpt, path)
+    for extra in (['--report_only=True'], []):
+        assert run_here('sweep.py', *args, f'--out_dir={again}', '--plot=False', *extra) == 0
+        out, err = capsys.readouterr()
+        assert f"warning: {path}: model option 'router_temperature' is not one of this model.py's" in err, err
+        rows = {os.path.basename(r['out_dir']): r for r in read_csv(os.path.join(again, 'sweep.csv'))}
+        assert {r['status'] for r in rows.values()} == {'done'} and len(rows) == 4
+        assert rows['lime-L2-s0']['learning_rate'] == rows['lime-L2-s0']['non_embedding_params'] == ''
+        assert rows['lime-L2-s1']['learning_rate'] == '0.002' and rows['lime-L2-s0']['val_loss'] != ''
+        assert '4/4 runs finished' in out
+
+
+def test_a_closed_pipe_ends_the_report_quietly(swept, tmp_path):
+    """`sweep.py ... | head -1`: stdout a pipe whose reader is gone; no traceback, no BrokenPipeError line."""
+    root, args, _, _ = swept
+    again = copy_of(root, tmp_path, 'again')
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        p = run('sweep.py', *args, f'--out_dir={again}', '--report_only=True', '--plot=False', stdout=write_end,
+                stderr=subprocess.PIPE)
+    finally:
+        os.close(write_end)
+    assert p.returncode == 1 and p.stderr == '', p.stderr

@@ -526,3 +526,27 @@ def test_a_line_whose_runs_differ_in_an_option_is_marked_and_not_tested(capsys):
     sweep_report.print_depth_trend(rows + deeper, [2, 4], ['baseline', 'lime', lr, 'hc'])
     trend = capsys.readouterr().out
     assert re.search(rf'^{re.escape(lr)}\s', trend, re.M) and not re.search(r'^(lime|hc)\s', trend, re.M), trend
+
+
+def test_an_earlier_row_with_a_bad_cell_is_kept_as_written_and_the_others_read(tmp_path, capsys):
+    """One cell that is not a number (or a line with a cell too many) in an earlier command's sweep.csv: a
+    warning naming the file, the line and the column; that row kept as written, in no comparison; the others
+    read as numbers."""
+    for name in ('lime-L4-s0', 'hc-L4-s0', 'mudd-L4-s0', 'moda-L4-s0'):
+        (tmp_path / name).mkdir()
+    old = [dict(row(4, v, 0, loss), iters=300, out_dir=f'/elsewhere/{v}-L4-s0')
+           for v, loss in (('lime', 2.5), ('hc', 2.25), ('mudd', 2.0), ('moda', 2.1))]
+    lines = sweep_report.csv_text(old).splitlines()
+    lines[2] = lines[2].replace(',2.25,', ',2.25 nats,')
+    lines[4] += ',extra'
+    (tmp_path / 'sweep.csv').write_text('\n'.join(lines) + '\n')
+    carried = sweep_report.earlier_rows(str(tmp_path / 'sweep.csv'), [])
+    err = capsys.readouterr().err
+    assert f"warning: {tmp_path / 'sweep.csv'}, line 3: its val_loss is '2.25 nats', not a number: that row is " \
+           "kept as written, in no comparison" in err
+    assert f"warning: {tmp_path / 'sweep.csv'}, line 5: more cells than the header has" in err
+    assert [r['variant'] for r in carried] == ['lime', 'hc', 'mudd', 'moda']
+    assert carried[0]['val_loss'] == 2.5 and carried[2]['val_loss'] == 2.0  # typed
+    assert isinstance(carried[1], sweep_report.WrittenRow) and carried[1]['val_loss'] == '2.25 nats'
+    text = sweep_report.csv_text(carried).splitlines()
+    assert ',2.25 nats,' in text[2] and text[1].endswith(',True') and text[3].endswith(',True')

@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from nanolime.common import UserError
-from nanolime.sweep_runs import check_options, final_record, int_list, read_json
+from nanolime.sweep_runs import check_options, final_record, int_list, read_json, read_state, tier_scores
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')
 
@@ -22,7 +22,9 @@ def test_int_list_takes_distinct_integers_and_refuses_the_rest():
 def test_read_json_and_final_record(tmp_path):
     (tmp_path / 'bad.json').write_text('{not json')
     (tmp_path / 'list.json').write_text('[1]')
-    assert read_json(tmp_path / 'bad.json') == {} == read_json(tmp_path / 'list.json') == read_json(tmp_path / 'none')
+    (tmp_path / 'good.json').write_text('{"a": [1]}')
+    assert read_json(tmp_path / 'bad.json') is read_json(tmp_path / 'list.json') is read_json(tmp_path / 'none') is None
+    assert read_json(tmp_path / 'good.json') == {'a': [1]}
     (tmp_path / 'log.jsonl').write_text('\n'.join(json.dumps(r) for r in [
         {'iter': 10, 'val_loss': 2.5}, {'iter': 20, 'loss': 2.0}, {'iter': 20, 'val_loss': 2.1}]) + '\n')
     assert final_record(str(tmp_path), 20) == {'iter': 20, 'val_loss': 2.1}
@@ -40,3 +42,25 @@ def test_check_options_returns_train_py_s_config_and_names_a_close_key(tiny_data
     assert configs['lime']['n_layer'] == 2 and not (tmp_path / 'run').exists()
     with pytest.raises(UserError, match="variant lime: .*variantss.*did you mean 'variants'"):
         check_options(TRAIN_PY, {'baseline': args, 'lime': [*args, '--variantss=a']}, ['variants'])
+
+
+def test_read_state_names_what_is_wrong_with_a_sweep_json(tmp_path):
+    path = tmp_path / 'sweep.json'
+    assert read_state(path) == ({}, None)  # none yet: a run not started
+    good = {'status': 'done', 'max_iters': 3, 'lr_decay_iters': 3, 'warmup_iters': 1, 'wall_time_s': 2, 'data': None}
+    for state, what in [(good, None), ({**good, 'max_iters': 3.0}, 'its max_iters is 3.0, not an integer'),
+                        ({**good, 'wall_time_s': True}, 'its wall_time_s is true, not a number'),
+                        ({**good, 'data': 5}, 'its data is 5, not a string'), ({'max_iters': 3}, 'no status')]:
+        path.write_text(json.dumps(state))
+        assert read_state(path) == ((state, None) if what is None else ({}, what))
+
+
+def test_tier_scores_refuses_a_damaged_file(tmp_path):
+    path = tmp_path / 'arith_eval_test.json'
+    assert tier_scores(path) is None
+    path.write_text(json.dumps({'per_tier': {'2': {'accuracy': 0.5, 'majority_baseline': 0.25}}}))
+    assert tier_scores(path) == {'2': {'accuracy': 0.5, 'majority_baseline': 0.25}}
+    for damaged in ({'per_tier': [0.5]}, {'per_tier': {'2': {'accuracy': '50%'}}}, [1]):
+        path.write_text(json.dumps(damaged))
+        with pytest.raises(UserError, match=f"{path} is damaged: no per_tier of numbers"):
+            tier_scores(path)
