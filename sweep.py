@@ -31,8 +31,8 @@ from tqdm import tqdm
 from nanolime.common import UserError, configure
 from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, read_log, writable_dir
 from nanolime.data import arithmetic_tiers, data_id, dataset_dir
-from nanolime.sweep_runs import (CHECKPOINT_COLUMNS, check_options, final_record, int_list, own_columns, quiet_stdout,
-                                 read_state, tier_scores)
+from nanolime.sweep_runs import (CHECKPOINT_COLUMNS, check_options, check_run_dirs, final_record, int_list, own_columns,
+                                 quiet_stdout, read_state, tier_scores)
 from nanolime.sweep_report import (MULTIPLIERS, add_compute_multipliers, add_tier_columns, csv_text, earlier_rows,
                                    fit_power_law, plot_lr_sweep, plot_sweep, print_report, reference_ends, WrittenRow)
 from nanolime.variants import VARIANT_PLAIN, parse_variant
@@ -68,10 +68,15 @@ MAY_CHANGE = ('out_dir', 'init_from', 'max_iters', 'eval_interval', 'log_interva
               'always_save_checkpoint', 'device', 'compile', 'data_dir', 'wandb_log', 'wandb_project',
               'wandb_run_name', 'peak_flops', 'debug')
 
-def variant_options(variant):
+def variant_options(variant, own=()):
     """train.py options of a variant name (nanolime/variants.py's grammar: lime, lime+hc, lime:first-2, attnres:block,
-    lime~router_lr=0.002, ...): the model's options, then those after '~', which may not be the sweep's own."""
+    lime~router_lr=0.002, ...): the model's options, then those after '~', which may not be the sweep's own (own: its
+    keys)."""
     opts, extra = parse_variant(variant)
+    if set(extra) & (set(own) - {'out_dir'}):
+        key = next(k for k in extra if k in own)
+        raise UserError(f"variant '{variant}': {key} is the sweep's own option, not train.py's: give it once, to the "
+                        f"sweep (--{key}=...), not after '~'")
     if set(extra) & {*PER_RUN, 'out_dir'}:
         raise UserError(f"variant '{variant}': expected '~key=value' with a train.py option other than "
                         f"{', '.join(PER_RUN)} and out_dir, e.g. lime~router_lr=0.002")
@@ -91,10 +96,10 @@ hook = sys.excepthook  # configure()'s; `sweep.py | head -1`: a closed pipe ends
 sys.excepthook = lambda etype, *rest: (quiet_stdout(), sys.exit(1)) if issubclass(etype, BrokenPipeError) else \
     hook(etype, *rest)
 depth_list, seed_list = int_list('depths', depths, 1), int_list('seeds', seeds, 0)
-variant_list = [v for v in variants.replace(' ', '').split(',') if v]
+variant_list = [v.strip() for v in variants.split(',') if v.strip()]  # a space inside a '~' value is the value's
 if not variant_list or len(set(variant_list)) != len(variant_list):
     raise UserError(f"variants={variants!r}: expected distinct comma-separated names, e.g. --variants=baseline,lime")
-variant_opts = {v: variant_options(v) for v in variant_list}
+variant_opts = {v: variant_options(v, sweep_keys) for v in variant_list}
 reference = variant_list[0]
 if not out_dir or jobs < 1 or threads < 0:
     raise UserError(f"out_dir={out_dir!r}, jobs={jobs}, threads={threads}: expected a directory name, jobs >= 1, "
@@ -123,13 +128,7 @@ runs += [{'depth': d, 'variant': reference, 'seed': s, 'budget': b, 'name': f"{r
          for runs_name in [re.sub(r'[^A-Za-z0-9+_.-]', '_', reference)] for d in depth_list for s in seed_list
          for b in budget_list]  # those at max_iters are the reference's own runs: dropped once it is known
 runs = [{**run, 'dir': os.path.join(out_dir, run['name'])} for run in runs]
-named = {}
-for run in runs:  # the names map characters other than letters, digits and + _ . - to _: distinct variants must stay so
-    other = named.setdefault(run['name'], run)
-    if other is not run:
-        raise UserError(f"variants '{other['variant']}' and '{run['variant']}' would share the run directory "
-                        f"{run['dir']} (characters other than letters, digits and + _ . - become _ in it): "
-                        "make them differ in other characters")
+check_run_dirs(runs)  # one directory per run, each a name the file system takes
 
 def iters_of(run):
     """The iterations a run trains for: its budget, or max_iters."""

@@ -151,9 +151,17 @@ def data_info(dataset, data_dir='', block_size=None):
     return ddir, meta, sizes
 
 
+MIB = 2 ** 20
+EXACT_BYTES = 64 * MIB  # data_id reads a split of up to this size whole; a larger one at SAMPLES places
+SAMPLES, SAMPLE_BYTES = 1024, 4096
+
+
 def data_id(ddir):
     """A short identity of the prepared dataset in `ddir`, the same wherever it is copied: a hash of its meta.pkl and
-    of each split's size, first and last MiB (the files may be many GB: not read whole). None if a file is missing."""
+    of each split's size, its first and last MiB, and what lies between them: all of it in a split of up to
+    EXACT_BYTES, else SAMPLES reads of SAMPLE_BYTES spread evenly over it (the files may be many GB: a few MiB are
+    read, and a change anywhere larger than the spacing of the reads changes the identity). A split of 2 MiB or
+    less is covered by its ends. None if a file is missing."""
     import hashlib
     h = hashlib.sha256()
     try:
@@ -163,9 +171,17 @@ def data_id(ddir):
             with open(os.path.join(ddir, f'{split}.bin'), 'rb') as f:
                 size = os.fstat(f.fileno()).st_size
                 h.update(f"{split} {size}".encode())
-                h.update(f.read(2 ** 20))
-                f.seek(max(0, size - 2 ** 20))
-                h.update(f.read(2 ** 20))
+                h.update(f.read(MIB))
+                f.seek(max(0, size - MIB))
+                h.update(f.read(MIB))
+                middle = size - 2 * MIB  # the bytes between the two ends
+                if 0 < middle <= EXACT_BYTES - 2 * MIB:
+                    f.seek(MIB)
+                    h.update(f.read(middle))
+                elif middle > 0:
+                    for k in range(SAMPLES):  # the first at the middle's start, the last at its end
+                        f.seek(MIB + (middle - SAMPLE_BYTES) * k // (SAMPLES - 1))
+                        h.update(f.read(SAMPLE_BYTES))
     except OSError:
         return None
     return h.hexdigest()[:12]

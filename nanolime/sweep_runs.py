@@ -22,6 +22,21 @@ def int_list(key, text, low):
     return values
 
 
+def check_run_dirs(runs):
+    """UserError if two runs would share a directory (its name maps characters other than letters, digits and
+    + _ . - to _: distinct variants must stay distinct), or a directory's name is longer than a file name may be."""
+    named = {}
+    for run in runs:
+        if len(run['name'].encode()) > 255:  # the longest file name most file systems take
+            raise UserError(f"variant '{run['variant']}': its run directory's name ({run['name']}) would be "
+                            f"{len(run['name'].encode())} bytes, over the 255 a file name may have: shorten the variant")
+        other = named.setdefault(run['name'], run)
+        if other is not run:
+            raise UserError(f"variants '{other['variant']}' and '{run['variant']}' would share the run directory "
+                            f"{run['dir']} (characters other than letters, digits and + _ . - become _ in it): "
+                            "make them differ in other characters")
+
+
 def read_json(path):
     """The JSON object in the file at path; None if it is missing, or holds no JSON object (damaged, say: the
     caller decides)."""

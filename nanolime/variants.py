@@ -85,7 +85,9 @@ def parse_variant(variant):
         raise UserError(f"variant '{variant}': 'baseline' stands alone; name only the other components")
     if rates:  # hc or hc<N>: the streams, of mhc too (whichever comes first)
         opts['hc'] = rates[0]
-    if init:
+    if '@' in variant.split('~')[0]:
+        if not init:
+            raise UserError(f"variant '{variant}': no router init after '@'; name one (lime@identity), or leave '@' out")
         if not opts['lime']:
             raise UserError(f"variant '{variant}': a router init ('@') needs lime, e.g. lime@identity")
         opts['router_init'] = init

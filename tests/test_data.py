@@ -91,3 +91,41 @@ def test_hints_never_name_the_wrong_fix(short_run, tmp_path):
         checkpoint.load_model(str(cut))
     assert str(e.value) == (f"{cut}/ckpt.pt is truncated or not a checkpoint; restore it from a copy, or train "
                             "again (train.py --overwrite replaces it)")
+
+
+def test_data_id_sees_a_change_anywhere_and_keeps_small_datasets_ids(tmp_path, monkeypatch):
+    """The identity changes with a change in the middle of train.bin (read whole up to EXACT_BYTES, sampled
+    beyond), not with the place of the files; a split of 2 MiB or less keeps the identity of its two ends."""
+    import hashlib
+    ddir = tmp_path / 'd'
+    ddir.mkdir()
+    (ddir / 'meta.pkl').write_bytes(pickle.dumps({'vocab_size': 65}))
+    rng = np.random.default_rng(0)
+    (ddir / 'val.bin').write_bytes(rng.integers(0, 65, 1000, dtype=np.uint16).tobytes())
+    train_bin = ddir / 'train.bin'
+
+    def changed(offset, length=1):
+        before = data.data_id(str(ddir))
+        with open(train_bin, 'r+b') as f:
+            f.seek(offset)
+            old = f.read(length)
+            f.seek(offset)
+            f.write(bytes(255 - b for b in old))
+        after = data.data_id(str(ddir))
+        with open(train_bin, 'r+b') as f:  # back as it was: the same identity again
+            f.seek(offset)
+            f.write(old)
+        assert data.data_id(str(ddir)) == before
+        return after != before
+    small = rng.integers(0, 65, 900_000, dtype=np.uint16).tobytes()  # 1.7 MiB: its two ends are all of it
+    train_bin.write_bytes(small)
+    h = hashlib.sha256((ddir / 'meta.pkl').read_bytes())
+    for name, blob in (('train', small), ('val', (ddir / 'val.bin').read_bytes())):
+        h.update(f"{name} {len(blob)}".encode() + blob[:2 ** 20] + blob[-2 ** 20:])
+    assert data.data_id(str(ddir)) == h.hexdigest()[:12]
+    shutil.copytree(ddir, tmp_path / 'copy')
+    assert data.data_id(str(tmp_path / 'copy')) == data.data_id(str(ddir))
+    train_bin.write_bytes(rng.integers(0, 65, 3_000_000, dtype=np.uint16).tobytes())  # 5.7 MiB: read whole
+    assert changed(3_000_000) and changed(2 ** 20) and changed(6_000_000 - 2 ** 20 - 1)
+    monkeypatch.setattr(data, 'EXACT_BYTES', 4 * 2 ** 20)  # sampled: 1,024 reads of 4 KiB over 3.7 MiB
+    assert changed(3_000_000, 4096) and changed(2 ** 20 + 100, 4096)

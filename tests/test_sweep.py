@@ -401,6 +401,11 @@ def test_bad_input_is_refused_before_any_run(run_here, data_dir, tmp_path):
         (['--depths=0'], "depths='0': expected distinct comma-separated integers >= 1"),
         (['--seeds=0,00'], "seeds='0,00': expected distinct comma-separated integers >= 0"),  # one run dir for two
         (['--jobs=0'], "out_dir="),
+        (['--variants=baseline,lime@'], "variant 'lime@': no router init after '@'"),  # as lime: and lime~ are
+        (['--variants=baseline,lime~depths=4'], "variant 'lime~depths=4': depths is the sweep's own option, not "
+                                                "train.py's: give it once, to the sweep (--depths=...)"),
+        ([f"--variants=baseline,lime~wandb_run_name={'x' * 250}"], f"variant 'lime~wandb_run_name={'x' * 250}': its "
+         f"run directory's name (lime_wandb_run_name_{'x' * 250}-L2-s0) would be 276 bytes, over the 255"),
     ]):
         root = tmp_path / f'root{k}'
         with pytest.raises(common.UserError) as e:
@@ -717,13 +722,16 @@ def test_a_completep_variant_reaches_train_py(run_here, data_dir, tmp_path):
     """CompleteP through a variant's '~' options: its runs train with depth_scaling='completep' and its depth_base,
     whatever their depth (the depth sweep it is for)."""
     root = str(tmp_path / 'root')
-    variant = 'lime~depth_scaling=completep~depth_base=1'
-    assert run_here('sweep.py', '--depths=2', f'--variants=baseline,{variant}', '--seeds=0', *TINY,
+    variant = 'lime~depth_scaling=completep~depth_base=1~wandb_run_name=my run'  # a space in a value is the value's
+    assert run_here('sweep.py', '--depths=2', f'--variants=baseline, {variant}', '--seeds=0', *TINY,
                     f'--data_dir={data_dir}', f'--out_dir={root}', '--max_iters=2', '--lr_decay_iters=2',
                     '--eval_interval=1', '--plot=False') == 0
     rows = {r['variant']: r for r in read_csv(os.path.join(root, 'sweep.csv'))}
-    args = torch.load(os.path.join(rows[variant]['out_dir'], 'ckpt.pt'), weights_only=True)['model_args']
+    ckpt = torch.load(os.path.join(rows[variant]['out_dir'], 'ckpt.pt'), weights_only=True)
+    args = ckpt['model_args']
     assert (args['depth_scaling'], args['depth_base'], args['n_layer'], args['lime']) == ('completep', 1, 2, True)
+    assert ckpt['config']['wandb_run_name'] == 'my run'
+    assert rows[variant]['out_dir'].endswith('lime_depth_scaling_completep_depth_base_1_wandb_run_name_my_run-L2-s0')
     assert rows['baseline']['status'] == rows[variant]['status']
 
 

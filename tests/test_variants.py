@@ -32,6 +32,7 @@ def test_variant_grammar():
                          ('mudd:prenorm', "modes: lime:<router>, attnres:<attnres>, mhc:<mhc>, hc:dynamic, mudd:prepost"),
                          ('moda:prepost', "'moda:prepost' takes no such mode"),
                          ('lime:', "'lime:' takes no such mode"), ('hc@identity', "needs lime"),
+                         ('lime@', "no router init after '@'"), ('lime:first-2@~router_lr=1', "no router init"),
                          ('lime~router_lr', "expected '~key=value'"), ('lime~=3', "expected '~key=value'"),
                          ('lime~a=1~a=2', "a key is given twice after '~'")]:
         with pytest.raises(UserError, match=re.escape(message)):
