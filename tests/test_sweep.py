@@ -761,6 +761,7 @@ def test_a_rerun_on_other_data_is_refused_and_rows_carry_the_data(swept, run_her
     assert [r['status'] for r in read_csv(os.path.join(rerun, 'sweep.csv'))] == ['done'] * 4  # kept, not replaced
 
 
+@pytest.mark.slow
 def test_each_row_is_its_own_run_and_a_line_of_mixed_options_is_marked(swept, run_here, capsys, tmp_path):
     """A second command into the same out_dir at another learning_rate and width (seed 2): every row's
     learning_rate, options, parameter count and tokens per parameter are its own checkpoint's, in the second
@@ -807,6 +808,7 @@ def test_each_row_is_its_own_run_and_a_line_of_mixed_options_is_marked(swept, ru
     check_rows()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_model_py_is_a_warning_and_its_row_kept(swept, run_here, capsys, tmp_path):
     """A finished run whose checkpoint has a model option this model.py lacks: the report and a rerun say so in
     a warning naming the file and the option, keep its row (its checkpoint's columns empty) and every other."""
@@ -827,6 +829,7 @@ def test_a_checkpoint_of_another_model_py_is_a_warning_and_its_row_kept(swept, r
         assert '4/4 runs finished' in out
 
 
+@pytest.mark.slow
 def test_a_closed_pipe_ends_the_report_quietly(swept, tmp_path):
     """`sweep.py ... | head -1`: stdout a pipe whose reader is gone; no traceback, no BrokenPipeError line."""
     root, args, _, _ = swept
