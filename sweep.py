@@ -10,8 +10,8 @@ plus its variant's options (variant_options) and every key that is not the sweep
 are skipped, interrupted ones resumed: rerun the same command. Results in out_dir: sweep.csv (also the rows an
 earlier command wrote there for other runs), sweep.png, tables (nanolime/sweep_report.py) with 95% intervals over seeds,
 differences paired by seed (a seed: one data order and, per depth, one init for every variant) and each run's
-compute multiplier: the FLOPs the reference (same depth and seed) needs to reach the run's final val loss over
-the run's FLOPs, off a power law fitted to the reference's final losses at --budgets=150,300,600 (else its curve).
+compute multiplier: the FLOPs the control (same depth and seed) needs to reach the run's final val loss over
+the run's FLOPs, off a power law fitted to the control's final losses at --budgets=150,300,600 (else its curve).
 """
 import os
 import re
@@ -33,19 +33,21 @@ from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_d
 from nanolime.data import arithmetic_tiers, data_id, dataset_dir
 from nanolime.sweep_runs import (CHECKPOINT_COLUMNS, check_options, check_run_dirs, final_record, int_list, own_columns,
                                  quiet_stdout, read_state, tier_scores)
-from nanolime.sweep_report import (MULTIPLIERS, add_compute_multipliers, add_tier_columns, csv_text, earlier_rows,
-                                   fit_power_law, plot_lr_sweep, plot_sweep, print_report, reference_ends, WrittenRow)
+from nanolime.sweep_csv import WrittenRow, add_tier_columns, csv_text, earlier_rows
+from nanolime.sweep_multipliers import MULTIPLIERS, add_compute_multipliers, control_ends, fit_power_law
+from nanolime.sweep_plots import plot_lr_sweep, plot_sweep
+from nanolime.sweep_report import print_report
 from nanolime.variants import VARIANT_PLAIN, parse_variant
 
 # -----------------------------------------------------------------------------
 # the sweep's config; every other key is a train.py option
 out_dir = 'out-sweep'      # the sweep's root: one directory per run, sweep.csv and sweep.png
 depths = '2,4'             # n_layer values, comma-separated
-variants = 'baseline,lime' # comma-separated (variant_options); the first is the reference for the others
+variants = 'baseline,lime' # comma-separated (variant_options); the first is the control for the others
 seeds = '0,1'              # comma-separated; each seed is one training-data order, shared by all variants
-budgets = ''               # e.g. '150,300,600': the reference is also trained to these iteration counts, each a
+budgets = ''               # e.g. '150,300,600': the control is also trained to these iteration counts, each a
                            # complete run with its own schedule; its final losses, fitted against FLOPs, give the
-                           # compute multipliers ('': read them off the reference's own training curve)
+                           # compute multipliers ('': read them off the control's own training curve)
 jobs = 1                   # runs at a time
 gpus = ''                  # e.g. 0,1,2,3: one run per GPU at a time, each seeing only its own (CUDA_VISIBLE_DEVICES)
 threads = 0                # torch threads per run; 0 = this machine's cores // jobs
@@ -100,7 +102,7 @@ variant_list = [v.strip() for v in variants.split(',') if v.strip()]  # a space 
 if not variant_list or len(set(variant_list)) != len(variant_list):
     raise UserError(f"variants={variants!r}: expected distinct comma-separated names, e.g. --variants=baseline,lime")
 variant_opts = {v: variant_options(v, sweep_keys) for v in variant_list}
-reference = variant_list[0]
+control = variant_list[0]
 if not out_dir or jobs < 1 or threads < 0:
     raise UserError(f"out_dir={out_dir!r}, jobs={jobs}, threads={threads}: expected a directory name, jobs >= 1, "
                     "threads >= 0")
@@ -124,9 +126,9 @@ train_opts.update({'debug': 'True'} if debug else {})  # --debug: tracebacks fro
 runs = [{'depth': d, 'variant': v, 'seed': s, 'name': f"{re.sub(r'[^A-Za-z0-9+_.-]', '_', v)}-L{d}-s{s}"}
         for d in depth_list for s in seed_list for v in variant_list]
 budget_list = int_list('budgets', budgets, 1) if str(budgets).strip() else []
-runs += [{'depth': d, 'variant': reference, 'seed': s, 'budget': b, 'name': f"{runs_name}-L{d}-s{s}-i{b}"}
-         for runs_name in [re.sub(r'[^A-Za-z0-9+_.-]', '_', reference)] for d in depth_list for s in seed_list
-         for b in budget_list]  # those at max_iters are the reference's own runs: dropped once it is known
+runs += [{'depth': d, 'variant': control, 'seed': s, 'budget': b, 'name': f"{runs_name}-L{d}-s{s}-i{b}"}
+         for runs_name in [re.sub(r'[^A-Za-z0-9+_.-]', '_', control)] for d in depth_list for s in seed_list
+         for b in budget_list]  # those at max_iters are the control's own runs: dropped once it is known
 runs = [{**run, 'dir': os.path.join(out_dir, run['name'])} for run in runs]
 check_run_dirs(runs)  # one directory per run, each a name the file system takes
 
@@ -155,8 +157,8 @@ def data_of(run):
     return ddir, data_id(ddir)
 
 def budget_decay(budget):
-    """lr_decay_iters of a run of `budget` iterations: the reference schedule's, scaled to the budget."""
-    return max(1, round(configs[reference]['lr_decay_iters'] * budget / max_iters))
+    """lr_decay_iters of a run of `budget` iterations: the control's schedule, scaled to the budget."""
+    return max(1, round(configs[control]['lr_decay_iters'] * budget / max_iters))
 
 def scores(run_dir):
     """study/arithmetic.py's accuracies per tier of the run's final checkpoint, or None if it has not scored that
@@ -278,15 +280,15 @@ if not report_only:  # every check before out_dir is claimed: a refused sweep le
     with tempfile.TemporaryDirectory() as tmp:  # each variant's options at the deepest depth, checked by train.py
         configs = check_options(TRAIN_PY, {v: run_args({'variant': v, 'depth': max(depth_list), 'seed': seed_list[0],
                                                         'dir': tmp}) for v in variant_list}, sweep_keys)
-    max_iters = configs[reference]['max_iters']
+    max_iters = configs[control]['max_iters']
     if max_iters < 1:
         raise UserError(f"max_iters={max_iters}: a sweep compares trained runs; give max_iters >= 1")
     runs = [r for r in runs if r.get('budget') != max_iters]
-    warmup = configs[reference]['warmup_iters']
-    if configs[reference]['decay_lr'] and any(budget_decay(b) <= warmup for b in budget_list):
+    warmup = configs[control]['warmup_iters']
+    if configs[control]['decay_lr'] and any(budget_decay(b) <= warmup for b in budget_list):
         raise UserError(f"budgets={budgets!r}: the shortest budget's lr decay ({budget_decay(min(budget_list))} "
                         f"iterations) must outlast warmup_iters={warmup}; use longer budgets or a shorter warmup")
-    arithmetic = bool(arithmetic_tiers(configs[reference]['dataset']))
+    arithmetic = bool(arithmetic_tiers(configs[control]['dataset']))
     writable_dir(out_dir, 'out_dir')
     lock_dir(out_dir, 'out_dir')
     for run in runs:
@@ -335,12 +337,13 @@ if not report_only:  # every check before out_dir is claimed: a refused sweep le
 
 # ----------------------------------------------------------------------------- report
 rows, curves = [], {}  # curves: (depth, variant, seed) -> {iter: (flops, val loss)} of a finished run
-OWN = {*MAY_CHANGE, 'n_layer', 'seed'}  # not in a run's options column: the sweep's per run, or not the experiment's
+OWN = {*MAY_CHANGE, *PER_RUN, 'router', 'router_init'}  # not in a run's options column: the sweep's per run, its
+# variant name's (in the variant column), or not the experiment's
 for run in runs:
     state_path = os.path.join(run['dir'], RUN_STATE)
     (state, damage), log = read_state(state_path), read_log(run['dir'])
     if report_only and run.get('budget') and not log:
-        continue  # a budget run never started (or at max_iters: the reference's own run)
+        continue  # a budget run never started (or at max_iters: the control's own run)
     if damage:
         print(f"warning: {state_path} is damaged ({damage}): its run is reported as 'unknown'; rerun the sweep "
               "(without --report_only) to check it and finish it if it is not", file=sys.stderr)
@@ -366,8 +369,8 @@ for run in runs:
                                                              for r in log if 'val_loss' in r and r['iter'] <= iters}
         rows[-1]['tiers'] = scores(run['dir']) or {}
 
-fits = {d: fit_power_law(reference_ends(rows, reference, d)) for d in depth_list} if budget_list else {}
-add_compute_multipliers(rows, curves, fits, reference)
+fits = {d: fit_power_law(control_ends(rows, control, d)) for d in depth_list} if budget_list else {}
+add_compute_multipliers(rows, curves, fits, control)
 tier_list = add_tier_columns(rows)  # arithmetic: a test accuracy per number of operators
 # sweep.csv: this command's rows, then an earlier command's of the other runs; a run refused now keeps its earlier
 # row (what it trained is still there: a refusal loses nothing), and is listed at the end

@@ -4,11 +4,11 @@
 # $ python prepare.py arithmetic-2 --samples=6000    # tier 2: expressions with 2 operators
 # $ python sweep.py config/sweep_arithmetic_cpu.py   # -> out-sweep-arithmetic/: sweep.csv, tables
 # After training, the sweep evaluates every run with study/arithmetic.py (greedy decoding of the 1,000 test
-# examples) and tabulates the accuracy with its interval over seeds, next to the majority baseline
+# examples) and tabulates the accuracy with its interval over seeds, next to the majority answer's
 # (always answering the most common result, ~11%): "above" only when the whole interval is above it.
 #
 # Why tier 2, not the paper's 4-6 operators: with one seed of the baseline at this model and budget
-# (2-core CPU, ~5 min per run), test accuracy vs the majority baseline was
+# (2-core CPU, ~5 min per run), test accuracy vs the majority answer's was
 #   tiers 4, 5, 6 (350 of 700 iterations x 4,096 tokens)   9.3%  vs 10.5%
 #   tiers 3, 4    (350 iterations x 4,096 tokens)          12.9%  vs 11.6%
 #   tiers 2, 3    (700 iterations x 2,048 tokens)          23.3% / 17.1%  vs 11.4% / 12.5%

@@ -11,7 +11,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
-from nanolime.sweep_report import T95, holm, mean_ci, slope_ci, t_test_p  # noqa: E402
+from nanolime.sweep_stats import T95, holm, mean_ci, slope_ci, t_test_p  # noqa: E402
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'assets')
 T80 = {16: 0.865}  # the 80 % quantile of Student's t with 16 degrees of freedom (a t table)
@@ -94,7 +94,7 @@ def main():
                 ys.append(a[s] - b[s])
         slope, half, p = slope_ci(xs, ys)
         df = len(xs) - 2
-        t95 = T95[df - 1]  # sweep_report's two-sided 95 % quantiles, from 1 degree of freedom
+        t95 = T95[df - 1]  # sweep_stats's two-sided 95 % quantiles, from 1 degree of freedom
         se = half / t95
         print(f"depth curve, {arm} - baseline: slope {slope:+.4f} ± {half:.4f} per doubling, p {p:.3f}, {len(xs)} "
               f"pairs; SE {se:.4f}; detectable at 80 % power (t_0.975,{df} {t95} + t_0.8,{df} {T80[df]}) x SE = "

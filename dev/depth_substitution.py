@@ -23,8 +23,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 from nanolime.checkpoint import read_log  # noqa: E402
 from nanolime.common import UserError  # noqa: E402
-from nanolime.sweep_report import holm, mean_ci, t_test_p  # noqa: E402
-from nanolime.sweep_runs import final_record, read_json  # noqa: E402
+from nanolime.sweep_stats import holm, mean_ci, t_test_p  # noqa: E402
+from nanolime.sweep_runs import final_record, read_state  # noqa: E402
 
 # -----------------------------------------------------------------------------
 out_dir = 'out-sweep-depth-substitution'  # the sweep's out_dir
@@ -68,7 +68,7 @@ def read_runs(root, iters=None, warmup=None, threshold=None):
         if not m or not os.path.isdir(os.path.join(root, name)):
             continue
         path = os.path.join(root, name)
-        state, log = read_json(os.path.join(path, 'sweep.json')), read_log(path)
+        state, log = read_state(os.path.join(path, 'sweep.json'))[0], read_log(path)
         final = final_record(path, iters) if (state.get('status'), state.get('max_iters')) == ('done', iters) else None
         rise = loss_rise(log, state.get('warmup_iters', warmup))
         rows.append({'depth': int(m['depth']), 'variant': m['variant'], 'seed': int(m['seed']),

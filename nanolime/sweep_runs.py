@@ -29,7 +29,8 @@ def check_run_dirs(runs):
     for run in runs:
         if len(run['name'].encode()) > 255:  # the longest file name most file systems take
             raise UserError(f"variant '{run['variant']}': its run directory's name ({run['name']}) would be "
-                            f"{len(run['name'].encode())} bytes, over the 255 a file name may have: shorten the variant")
+                            f"{len(run['name'].encode())} bytes, over the 255 a file name may have: shorten the "
+                            "variant")
         other = named.setdefault(run['name'], run)
         if other is not run:
             raise UserError(f"variants '{other['variant']}' and '{run['variant']}' would share the run directory "

@@ -87,7 +87,8 @@ def parse_variant(variant):
         opts['hc'] = rates[0]
     if '@' in variant.split('~')[0]:
         if not init:
-            raise UserError(f"variant '{variant}': no router init after '@'; name one (lime@identity), or leave '@' out")
+            raise UserError(f"variant '{variant}': no router init after '@'; name one (lime@identity), or leave '@' "
+                            "out")
         if not opts['lime']:
             raise UserError(f"variant '{variant}': a router init ('@') needs lime, e.g. lime@identity")
         opts['router_init'] = init

@@ -381,7 +381,7 @@ def evaluate(model, lines, encode, decode, device='cpu', batch_size=256, block_s
             'exact_chain': t['exact_chain'] / t['n'],
             'step_accuracy': t['steps_ok'] / max(1, t['steps']),
             # accuracy of always answering the tier's most frequent result (0 and 1 are common)
-            'majority_baseline': max(t['results'].values()) / t['n']}
+            'majority_answer': max(t['results'].values()) / t['n']}
     res['accuracy'] = sum(t['correct'] for t in per_tier.values()) / max(1, len(items))
     res['failures'] = examples
     return res
@@ -443,7 +443,7 @@ if __name__ == '__main__':
     for n_ops, t in res['per_tier'].items():
         print(f'{n_ops} operators: accuracy {t["accuracy"]:.4f} (n={t["n"]}), '
               f'exact chain {t["exact_chain"]:.4f}, step accuracy {t["step_accuracy"]:.4f}, '
-              f'majority baseline {t["majority_baseline"]:.4f}')
+              f'majority answer {t["majority_answer"]:.4f}')
     print(f'overall accuracy {res["accuracy"]:.4f} on {res["n"]} examples ({res["eval_seconds"]:.1f}s)')
     path = os.path.join(run_dir, f'arith_eval_{split}.json')
     atomic_write(path, lambda f: f.write(json.dumps(res, indent=1).encode()))

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, script_here
 from nanolime.common import UserError
-from nanolime.sweep_report import t_test_p
+from nanolime.sweep_stats import t_test_p
 
 spec = importlib.util.spec_from_file_location('depth_substitution', os.path.join(REPO, 'dev', 'depth_substitution.py'))
 ds = importlib.util.module_from_spec(spec)

@@ -303,7 +303,8 @@ def test_imports_point_one_way():
     The scripts use nanolime/'s common.py, checkpoint.py, data.py and variants.py; common.py imports none of the
     repository's modules, checkpoint.py, data.py and variants.py only common.py (checkpoint.py the model's files
     too, to build the model), the scripts' libraries only those (study/representations.py: the model's files;
-    nanolime/sweep_report.py: nothing), and no module of the repository imports itself back through others."""
+    nanolime/sweep_*.py: one another; sweep_stats.py nothing), and no module of the repository imports itself back
+    through others."""
     graph = {}
     for folder in ('', 'nanolime', 'study', 'integrations', 'relatives'):
         for name in os.listdir(os.path.join(ROOT, folder)):
@@ -321,7 +322,9 @@ def test_imports_point_one_way():
     assert package and all(graph[m] <= package | {'model'} for m in package)
     assert graph['nanolime.checkpoint'] <= {'nanolime.common', 'model', 'relatives'}
     assert graph['nanolime.data'] == graph['nanolime.variants'] == {'nanolime.common'}
-    assert graph['study.representations'] <= {'model', 'relatives'} and graph['nanolime.sweep_report'] == set()
+    assert graph['study.representations'] <= {'model', 'relatives'} and graph['nanolime.sweep_stats'] == set()
+    sweep = {m for m in graph if m.startswith('nanolime.sweep_') and m != 'nanolime.sweep_runs'}  # the report's
+    assert len(sweep) == 5 and all(graph[m] <= sweep for m in sweep)
 
     def reaches(start, target, seen=()):
         return any(d == target or (d not in seen and reaches(d, target, (*seen, d))) for d in graph[start])

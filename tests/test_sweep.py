@@ -1,10 +1,10 @@
 """sweep.py end to end on the CPU: tiny models, a few iterations, every run a real train.py subprocess.
 
-The statistics and the compute multiplier, pure functions, are tested in test_sweep_report.py. A failure a
-test needs is caused by patching train.py's model from outside (a sitecustomize module on PYTHONPATH), never
-by how a machine rounds or overflows. Where what is tested is the sweep's logic, not its process, the sweep
-runs in this process (conftest's run_here; it then keeps a lock on its out_dir while the tests run, so each
-such sweep gets an out_dir of its own).
+The statistics and the compute multiplier, pure functions, are tested in test_sweep_stats.py and
+test_sweep_report.py. A failure a test needs is caused by patching train.py's model from outside (a sitecustomize
+module on PYTHONPATH), never by how a machine rounds or overflows. Where what is tested is the sweep's logic, not
+its process, the sweep runs in this process (conftest's run_here; it then keeps a lock on its out_dir while the
+tests run, so each such sweep gets an out_dir of its own).
 """
 import ast
 import csv
@@ -25,15 +25,14 @@ import torch
 
 from conftest import REPO, child_env, ok, run, script_here
 from nanolime import common
-from nanolime import sweep_report
+from nanolime import sweep_multipliers
 from nanolime import variants
 
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
         '--eval_iters=2', '--warmup_iters=1', '--log_interval=1', '--compile=False', '--dtype=float32']
 COLUMNS = ['depth', 'variant', 'seed', 'budget', 'status', 'iters', 'max_iters', 'lr_decay_iters', 'warmup_iters',
-           'data', 'tokens', 'train_flops', 'learning_rate', 'non_embedding_params', 'tokens_per_param', 'val_loss', 'compute_multiplier',
-           'multiplier_note', 'time_multiplier', 'wall_time_s', 'options',
-           'out_dir']
+           'data', 'tokens', 'train_flops', 'learning_rate', 'non_embedding_params', 'tokens_per_param', 'val_loss',
+           'compute_multiplier', 'multiplier_note', 'time_multiplier', 'wall_time_s', 'options', 'out_dir']
 
 
 def read_csv(path):
@@ -98,16 +97,16 @@ def test_end_to_end_csv_table_multiplier_bar_plot(swept):
         log = read_log(r['out_dir'])
         assert float(r['val_loss']) == log[-1]['val_loss'] and log[-1]['iter'] == int(r['iters']) == 3
         assert int(r['tokens']) == 3 * 64 == log[-1]['tokens'] and int(r['train_flops']) == log[-1]['flops']
-        # the multiplier: on the reference run of the same depth and seed; none for the reference itself
+        # the multiplier: on the control run of the same depth and seed; none for the control itself
         if v == 'baseline':
             assert r['compute_multiplier'] == r['multiplier_note'] == '' == r['budget']
         else:
             curve = [(x['flops'], x['val_loss']) for x in read_log(by['baseline', s]['out_dir']) if 'val_loss' in x]
-            want = sweep_report.compute_multiplier(curve, float(r['val_loss']), int(r['train_flops']))
+            want = sweep_multipliers.compute_multiplier(curve, float(r['val_loss']), int(r['train_flops']))
             mult, bound = want
             assert float(r['compute_multiplier']) == pytest.approx(mult)
-            assert r['multiplier_note'] == ('lower bound' if bound else 'reference curve')
-            ref = by['baseline', s]  # per CPU-second: the reference's seconds for the FLOPs it needs over the run's
+            assert r['multiplier_note'] == ('lower bound' if bound else 'control curve')
+            ref = by['baseline', s]  # per CPU-second: the control's seconds for the FLOPs it needs over the run's
             assert float(r['time_multiplier']) == pytest.approx(mult * int(r['train_flops']) / int(ref['train_flops'])
                                                                 * float(ref['wall_time_s']) / float(r['wall_time_s']))
     assert int(by['lime', 0]['train_flops']) > int(by['baseline', 0]['train_flops'])  # the routers' FLOPs
@@ -436,9 +435,9 @@ def test_variant_names(sweep_fns):
 
 @pytest.mark.slow
 def test_budgets_reuse_finished_runs_and_fit_the_multiplier(swept, run_here, capsys, tmp_path):
-    """Rerunning a finished sweep with --budgets trains only the reference's new budgets (a complete run each,
-    its schedule scaled), reuses every finished run, and fits the multiplier through the reference's final
-    losses at every budget (here 2 and 3 iterations; 3 is max_iters: the reference's own run)."""
+    """Rerunning a finished sweep with --budgets trains only the control's new budgets (a complete run each,
+    its schedule scaled), reuses every finished run, and fits the multiplier through the control's final
+    losses at every budget (here 2 and 3 iterations; 3 is max_iters: the control's own run)."""
     root, args, _, _ = swept
     copy = str(tmp_path / 'root')
     shutil.copytree(root, copy)
@@ -457,13 +456,13 @@ def test_budgets_reuse_finished_runs_and_fit_the_multiplier(swept, run_here, cap
     main = {(r['variant'], int(r['seed'])): r for r in rows if not r['budget']}
     points = {s: [(int(r['train_flops']), float(r['val_loss'])) for r in (main['baseline', s], budget[s])]
               for s in (0, 1)}
-    fit = sweep_report.fit_power_law(points)
+    fit = sweep_multipliers.fit_power_law(points)
     for s in (0, 1):
         r = main['lime', s]
         if fit is None:
             assert r['compute_multiplier'] == ''
             continue
-        want = sweep_report.fitted_multiplier(fit, s, float(r['val_loss']), int(r['train_flops']))
+        want = sweep_multipliers.fitted_multiplier(fit, s, float(r['val_loss']), int(r['train_flops']))
         assert float(r['compute_multiplier']) == pytest.approx(want[0], rel=1e-6)
         assert r['multiplier_note'] == ('fitted' if want[1] == 1.0 else f"extrapolated x{want[1]:.2f}")
     assert "compute multiplier (x baseline FLOPs, fitted over 2 budgets)" in out
@@ -494,10 +493,10 @@ def test_arithmetic_runs_get_accuracy_per_tier(arithmetic_swept):
     assert len(rows) == 1 and list(rows[0])[len(COLUMNS):] == ['acc_2', 'majority_2', 'acc_3', 'majority_3', 'best_of_arm']
     for n in (2, 3):
         assert float(rows[0][f'acc_{n}']) == tiers[str(n)]['accuracy'] and tiers[str(n)]['n'] == 10
-        assert float(rows[0][f'majority_{n}']) == tiers[str(n)]['majority_baseline']
+        assert float(rows[0][f'majority_{n}']) == tiers[str(n)]['majority_answer']
         table = p.stdout.split(f'test accuracy, {n} operators')[1]
         line = next(l for l in table.splitlines() if re.match(r'\s*2\s+baseline\s+1\s', l))
-        assert f"{tiers[str(n)]['majority_baseline']:.4f}: " in line
+        assert f"{tiers[str(n)]['majority_answer']:.4f}: " in line
     assert 'vs majority baseline' in p.stdout
 
 
@@ -786,9 +785,10 @@ def test_each_row_is_its_own_run_and_a_line_of_mixed_options_is_marked(swept, ru
             assert float(r['learning_rate']) == ckpt['config']['learning_rate'], r
             assert int(r['non_embedding_params']) == size and float(r['tokens_per_param']) == round(192 / size, 3), r
             options = json.loads(r['options'])
-            assert {k: options[k] for k in ('learning_rate', 'n_embd', 'lime')} == \
-                {k: ckpt['config'][k] for k in ('learning_rate', 'n_embd', 'lime')}, r
-            assert not {'seed', 'n_layer', 'out_dir', 'max_iters'} & set(options)  # the sweep's, and the length's
+            assert {k: options[k] for k in ('learning_rate', 'n_embd', 'router_lr')} == \
+                {k: ckpt['config'][k] for k in ('learning_rate', 'n_embd', 'router_lr')}, r
+            assert not {'seed', 'n_layer', 'out_dir', 'max_iters', 'lime', 'router'} & set(options)  # the sweep's,
+            # the variant name's and the length's
         return {(r['variant'], r['seed']): r for r in rows}
     by = check_rows()
     assert by['lime', '2']['learning_rate'] == '0.02' and by['lime', '1']['learning_rate'] == '0.002'
