@@ -29,10 +29,10 @@ from time import time
 
 from tqdm import tqdm
 from nanolime.common import UserError, configure
-from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, read_log, writable_dir
+from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, writable_dir
 from nanolime.data import arithmetic_tiers, data_id, dataset_dir
 from nanolime.sweep_runs import (CHECKPOINT_COLUMNS, check_options, check_run_dirs, final_record, int_list, own_columns,
-                                 quiet_stdout, read_state, tier_scores)
+                                 quiet_stdout, read_state, run_log, tier_scores)
 from nanolime.sweep_csv import WrittenRow, add_tier_columns, csv_text, earlier_rows
 from nanolime.sweep_multipliers import MULTIPLIERS, add_compute_multipliers, control_ends, fit_power_law
 from nanolime.sweep_plots import plot_lr_sweep, plot_sweep
@@ -341,7 +341,7 @@ OWN = {*MAY_CHANGE, *PER_RUN, 'router', 'router_init'}  # not in a run's options
 # variant name's (in the variant column), or not the experiment's
 for run in runs:
     state_path = os.path.join(run['dir'], RUN_STATE)
-    (state, damage), log = read_state(state_path), read_log(run['dir'])
+    (state, damage), log = read_state(state_path), run_log(run['dir'])
     if report_only and run.get('budget') and not log:
         continue  # a budget run never started (or at max_iters: the control's own run)
     if damage:

@@ -82,9 +82,24 @@ def tier_scores(path):
     return per_tier
 
 
+def run_log(run_dir):
+    """The records of a run's log.jsonl (checkpoint.read_log); [] with a warning naming the file and the line if it
+    is damaged: a report goes on with the other runs."""
+    try:
+        return read_log(run_dir)
+    except UserError as e:
+        print(f"warning: {e}; its run is reported without its log", file=sys.stderr)
+        return []
+
+
 def final_record(run_dir, iters):
-    """The log record of the evaluation at iteration `iters`, or None if the run has not got there."""
-    return next((r for r in reversed(read_log(run_dir)) if r.get('iter') == iters and 'val_loss' in r), None)
+    """The log record of the evaluation at iteration `iters`, or None if the run has not got there (or its log is
+    damaged: run_log says so)."""
+    try:
+        log = read_log(run_dir)
+    except UserError:
+        return None
+    return next((r for r in reversed(log) if r.get('iter') == iters and 'val_loss' in r), None)
 
 
 CHECKPOINT_COLUMNS = ('learning_rate', 'non_embedding_params', 'tokens_per_param', 'options')

@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from nanolime.common import UserError
-from nanolime.sweep_runs import check_options, final_record, int_list, read_json, read_state, tier_scores
+from nanolime.sweep_runs import check_options, final_record, int_list, read_json, read_state, run_log, tier_scores
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')
 
@@ -64,3 +64,10 @@ def test_tier_scores_refuses_a_damaged_file(tmp_path):
         path.write_text(json.dumps(damaged))
         with pytest.raises(UserError, match=f"{path} is damaged: no per_tier of numbers"):
             tier_scores(path)
+
+
+def test_a_damaged_log_is_a_warning_and_no_record(tmp_path, capsys):
+    """A line of log.jsonl that is no record of train.py: the report warns, naming the file and line, and goes on."""
+    (tmp_path / 'log.jsonl').write_text(json.dumps({'iter': 10, 'val_loss': 2.5}) + '\n[1, 2]\n')
+    assert run_log(str(tmp_path)) == [] and final_record(str(tmp_path), 10) is None
+    assert f"warning: {tmp_path / 'log.jsonl'}, line 2: not a record of train.py" in capsys.readouterr().err
