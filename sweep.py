@@ -31,8 +31,8 @@ from tqdm import tqdm
 from nanolime.common import UserError, configure
 from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, writable_dir
 from nanolime.data import arithmetic_tiers, data_id, dataset_dir
-from nanolime.sweep_runs import (CHECKPOINT_COLUMNS, check_options, check_run_dirs, final_record, int_list, own_columns,
-                                 quiet_stdout, read_state, run_log, tier_scores)
+from nanolime.sweep_runs import (check_options, check_run_dirs, final_record, int_list, own_columns,
+                                 quiet_stdout, read_state, run_log, scores)
 from nanolime.sweep_csv import WrittenRow, add_tier_columns, csv_text, earlier_rows
 from nanolime.sweep_multipliers import MULTIPLIERS, add_compute_multipliers, control_ends, fit_power_law
 from nanolime.sweep_plots import plot_lr_sweep, plot_sweep
@@ -55,7 +55,6 @@ plot = True                # write sweep.png
 report_only = False        # only rebuild the CSV, tables and plot from the runs on disk
 # -----------------------------------------------------------------------------
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
-ARITH_JSON = 'arith_eval_test.json'  # what study/arithmetic.py writes into a run's directory
 RUN_STATE = 'sweep.json'   # per run directory: status, the max_iters it finished, wall time
 DDP_ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'GROUP_WORLD_SIZE', 'ROLE_RANK',
            'ROLE_WORLD_SIZE', 'ROLE_NAME', 'MASTER_ADDR', 'MASTER_PORT')
@@ -94,9 +93,14 @@ for key in [k for k in os.environ if k in DDP_ENV or k.startswith('TORCHELASTIC_
     del os.environ[key]
 train_opts = {}  # every key that is not the sweep's: train.py's --key=<text>, which train.py checks
 sweep_keys = list(configure(globals(), extra=train_opts))
-hook = sys.excepthook  # configure()'s; `sweep.py | head -1`: a closed pipe ends the sweep quietly, as other tools end
-sys.excepthook = lambda etype, *rest: (quiet_stdout(), sys.exit(1)) if issubclass(etype, BrokenPipeError) else \
-    hook(etype, *rest)
+
+def excepthook(etype, e, tb, hook=sys.excepthook):
+    """configure()'s hook, but a closed pipe (`sweep.py | head -1`) ends the sweep quietly, as it ends other tools."""
+    if issubclass(etype, BrokenPipeError):
+        quiet_stdout()
+        sys.exit(1)
+    hook(etype, e, tb)
+sys.excepthook = excepthook
 depth_list, seed_list = int_list('depths', depths, 1), int_list('seeds', seeds, 0)
 variant_list = [v.strip() for v in variants.split(',') if v.strip()]  # a space inside a '~' value is the value's
 if not variant_list or len(set(variant_list)) != len(variant_list):
@@ -159,16 +163,6 @@ def data_of(run):
 def budget_decay(budget):
     """lr_decay_iters of a run of `budget` iterations: the control's schedule, scaled to the budget."""
     return max(1, round(configs[control]['lr_decay_iters'] * budget / max_iters))
-
-def scores(run_dir):
-    """study/arithmetic.py's accuracies per tier of the run's final checkpoint, or None if it has not scored that
-    (or if its scores are damaged: said in a warning, they are made again)."""
-    path = os.path.join(run_dir, ARITH_JSON)
-    if os.path.exists(path) and os.path.getmtime(path) >= os.path.getmtime(os.path.join(run_dir, CKPT_NAME)):
-        try:
-            return tier_scores(path)
-        except UserError as e:
-            print(f"warning: {e}; its run is scored again", file=sys.stderr)
 
 def run_status(run):
     """'scratch', 'resume', 'eval' (trained, not yet scored) or 'done'; UserError if trained with other options."""
@@ -331,7 +325,9 @@ if not report_only:  # every check before out_dir is claimed: a refused sweep le
                 p.send_signal(signal.SIGINT)
         pool.shutdown(wait=True, cancel_futures=True)
         print("\ninterrupted: the running runs saved a checkpoint; rerun the same command to resume", file=sys.stderr)
-        sys.exit(130 if isinstance(e, KeyboardInterrupt) else quiet_stdout() or 1)  # a closed pipe: exit quietly
+        if isinstance(e, BrokenPipeError):  # `sweep.py | head`: stdout is gone, the rest is said on stderr
+            quiet_stdout()
+        sys.exit(130 if isinstance(e, KeyboardInterrupt) else 1)
     pool.shutdown()
     bar.close()
 
@@ -358,7 +354,7 @@ for run in runs:
                  **{k: state.get(k) for k in ('max_iters', 'lr_decay_iters', 'warmup_iters')},  # the schedule it ran
                  'data': state.get('data'),  # the identity of the data it trained on (data.data_id)
                  'tokens': final and final['tokens'], 'train_flops': final and final['flops'],
-                 **dict.fromkeys(CHECKPOINT_COLUMNS[:3]),  # own_columns's, from the run's own checkpoint
+                 'learning_rate': None, 'non_embedding_params': None, 'tokens_per_param': None,  # own_columns's
                  'val_loss': final and final['val_loss'], **dict.fromkeys(MULTIPLIERS),  # add_compute_multipliers's
                  'wall_time_s': round(state['wall_time_s'], 1) if 'wall_time_s' in state else None,
                  'options': None, 'out_dir': run['dir']})

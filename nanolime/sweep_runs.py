@@ -70,6 +70,20 @@ def read_state(path):
     return (state, None) if state.get('status') else ({}, "no status")
 
 
+ARITH_JSON = 'arith_eval_test.json'  # what study/arithmetic.py writes into a run's directory
+
+
+def scores(run_dir):
+    """study/arithmetic.py's accuracies per tier of the run's final checkpoint, or None if it has not scored that
+    (or if its scores are damaged: said in a warning, they are made again)."""
+    path = os.path.join(run_dir, ARITH_JSON)
+    if os.path.exists(path) and os.path.getmtime(path) >= os.path.getmtime(os.path.join(run_dir, CKPT_NAME)):
+        try:
+            return tier_scores(path)
+        except UserError as e:
+            print(f"warning: {e}; its run is scored again", file=sys.stderr)
+
+
 def tier_scores(path):
     """study/arithmetic.py's accuracies per tier from the file at path ({tier: {'accuracy': ..., ...}}), or None
     if it is missing; UserError naming the file if they are not that."""
