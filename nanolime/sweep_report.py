@@ -121,7 +121,8 @@ def print_table(rows, depths, variants, column, title, n_budgets=0, lower_is_bet
                     extra += " | {}{:.3f} ± {:.3f}".format(mark, *mean_ci(times))
             print(f"{line:<{101 + width}} {extra}".rstrip() if mine else f"{d:>5}  {v:<{width}}  0  (no finished runs)")
     for (d, v), what in mixed.items():
-        print(f"! {d} layers, {v}: its runs (its seeds, or {control}'s it is paired with) differ in "
+        whose = 'its seeds' if v == control else f"its seeds, or {control}'s it is paired with"
+        print(f"! {d} layers, {v}: its runs ({whose}) differ in "
               f"{' and '.join(what)}: not one experiment, left out of the paired tests; see sweep.csv's max_iters, "
               "data and options columns")
 
