@@ -113,7 +113,8 @@ def earlier_rows(path, rows):
 def read_rows(*paths):
     """The finished runs of one or more sweep.csv files as sweep.py's rows (numbers, None where empty), the
     multipliers empty (add_compute_multipliers fills them); a run (depth, variant, seed, budget) in more than
-    one file is taken from the first. For a table over several sweeps (the control: the first variant):
+    one file is taken from the first. For a table over several sweeps (the control: the first variant), with
+    sweep_multipliers' fit_power_law, control_ends, add_compute_multipliers and sweep_report's print_table:
         rows = read_rows('out-a/sweep.csv', 'out-b/sweep.csv'); ctrl = rows[0]['variant']
         fits = {16: fit_power_law(control_ends(rows, ctrl, 16))}; add_compute_multipliers(rows, {}, fits, ctrl)
         print_table(rows, [16], list(dict.fromkeys(r['variant'] for r in rows)), 'val_loss', 'final val loss', 3)"""
