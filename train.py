@@ -404,9 +404,7 @@ while iter_num < max_iters and not eval_only:
     loss_sum = torch.zeros((), device=device)
     x, y = train_batch()
     for micro_step in range(grad_accum):
-        if fsdp:  # gradients are reduced on the last micro-step only
-            model.set_requires_gradient_sync(micro_step == grad_accum - 1)
-        elif ddp:
+        if ddp and not fsdp:  # all-reduced on the last micro-step only (FSDP reduces each one into its shards)
             model.require_backward_grad_sync = micro_step == grad_accum - 1
         with ctx:
             loss = model(x, y)[1] / grad_accum
