@@ -30,7 +30,7 @@ from time import time
 from tqdm import tqdm
 from nanolime.common import UserError, configure
 from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, writable_dir
-from nanolime.data import arithmetic_tiers, data_id, dataset_dir
+from nanolime.data import arithmetic_tiers, data_id, dataset_dir, ends_data_id
 from nanolime.sweep_runs import (check_options, check_run_dirs, final_record, int_list, own_columns,
                                  quiet_stdout, read_state, run_log, scores)
 from nanolime.sweep_csv import WrittenRow, add_tier_columns, csv_text, earlier_rows
@@ -178,7 +178,7 @@ def run_status(run):
                         f"evaluation at {iters} is not that of a {iters}-iteration run; rerun with "
                         f"--max_iters={ckpt['iter_num']} or more, or use another out_dir")
     ddir, ident = data_of(run)
-    if ckpt.get('data_id') and ident and ckpt['data_id'] != ident:  # its results are another dataset's
+    if ckpt.get('data_id') and ident and ckpt['data_id'] not in (ident, ends_data_id(ddir)):  # another dataset's
         raise UserError(f"{run['dir']} was trained on other data (data {ckpt['data_id']}; {ddir} is data {ident}): "
                         "its results are not this data's; point --data_dir at the data it was trained on, or use "
                         "another out_dir for this data")

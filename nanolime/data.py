@@ -162,6 +162,16 @@ def data_id(ddir):
     EXACT_BYTES, else SAMPLES reads of SAMPLE_BYTES spread evenly over it (the files may be many GB: a few MiB are
     read, and a change anywhere larger than the spacing of the reads changes the identity). A split of 2 MiB or
     less is covered by its ends. None if a file is missing."""
+    return _data_hash(ddir, middle=True)
+
+
+def ends_data_id(ddir):
+    """data_id without the middle of the splits (their first and last MiB only): the identity that checkpoints and
+    sweep records made by earlier versions hold; the same as data_id for splits of 2 MiB or less."""
+    return _data_hash(ddir, middle=False)
+
+
+def _data_hash(ddir, middle):
     import hashlib
     h = hashlib.sha256()
     try:
@@ -174,13 +184,13 @@ def data_id(ddir):
                 h.update(f.read(MIB))
                 f.seek(max(0, size - MIB))
                 h.update(f.read(MIB))
-                middle = size - 2 * MIB  # the bytes between the two ends
-                if 0 < middle <= EXACT_BYTES - 2 * MIB:
+                between = size - 2 * MIB if middle else 0  # the bytes between the two ends
+                if 0 < between <= EXACT_BYTES - 2 * MIB:
                     f.seek(MIB)
-                    h.update(f.read(middle))
-                elif middle > 0:
+                    h.update(f.read(between))
+                elif between > 0:
                     for k in range(SAMPLES):  # the first at the middle's start, the last at its end
-                        f.seek(MIB + (middle - SAMPLE_BYTES) * k // (SAMPLES - 1))
+                        f.seek(MIB + (between - SAMPLE_BYTES) * k // (SAMPLES - 1))
                         h.update(f.read(SAMPLE_BYTES))
     except OSError:
         return None

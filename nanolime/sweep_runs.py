@@ -12,6 +12,7 @@ import sys
 from nanolime import checkpoint
 from nanolime.checkpoint import CKPT_NAME, load_checkpoint, read_log
 from nanolime.common import UserError
+from nanolime.data import data_id, dataset_dir, ends_data_id
 
 
 def int_list(key, text, low):
@@ -119,11 +120,13 @@ def final_record(run_dir, iters):
 CHECKPOINT_COLUMNS = ('learning_rate', 'non_embedding_params', 'tokens_per_param', 'options')
 
 
-def checkpoint_columns(run_dir, tokens, exclude):
+def checkpoint_columns(run_dir, tokens, exclude, data=None):
     """sweep.csv's columns of a run that its own checkpoint gives: learning_rate (the peak lr it trained with),
     non_embedding_params (of the model its options build), tokens_per_param (`tokens`, those it trained on, per
     non-embedding parameter) and options (its training options as JSON, less `exclude`: those the sweep sets per
-    run or that may change between commands). UserError naming the file and what in it does not fit."""
+    run or that may change between commands); and data, the identity of the data it trained on (data.data_id),
+    as data_id gives it now where `data` is the form earlier versions recorded (data.ends_data_id) of the data its
+    checkpoint names. UserError naming the file and what in it does not fit."""
     import torch
     from relatives import RelativesConfig, build_model
     path = os.path.join(run_dir, CKPT_NAME)
@@ -142,7 +145,11 @@ def checkpoint_columns(run_dir, tokens, exclude):
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise UserError(f"{path}: its model options build no model of this model.py ({first})") from None
     lr = config.get('learning_rate')
-    return {'learning_rate': lr if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None,
+    if data is not None:  # recorded by an earlier version: the same data, named as this version names it
+        ddir = dataset_dir(str(config.get('dataset', '')), config.get('data_dir') or None)
+        ident = data_id(ddir)
+        data = ident if ident and data != ident and data == ends_data_id(ddir) else data
+    return {'data': data, 'learning_rate': lr if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None,
             'non_embedding_params': size,
             'tokens_per_param': round(tokens / size, 3) if isinstance(tokens, int) and size else None,
             'options': json.dumps({k: v for k, v in sorted(config.items()) if k not in exclude},
@@ -153,7 +160,7 @@ def own_columns(row, exclude, keep=False):
     """A finished row's CHECKPOINT_COLUMNS from its run's own checkpoint (checkpoint_columns); a warning naming the
     file and what in it does not fit if they cannot be read, the columns then empty (with keep: as they were)."""
     try:
-        row.update(checkpoint_columns(row['out_dir'], row['tokens'], exclude))
+        row.update(checkpoint_columns(row['out_dir'], row['tokens'], exclude, row.get('data')))
     except UserError as e:
         kept = 'as an earlier command wrote them' if keep else 'left empty'
         print(f"warning: {e}; its row's {', '.join(CHECKPOINT_COLUMNS)} are {kept}", file=sys.stderr)

@@ -117,15 +117,19 @@ def test_data_id_sees_a_change_anywhere_and_keeps_small_datasets_ids(tmp_path, m
             f.write(old)
         assert data.data_id(str(ddir)) == before
         return after != before
+    def ends(train):  # the identity of earlier versions: each split's size, first and last MiB
+        h = hashlib.sha256((ddir / 'meta.pkl').read_bytes())
+        for name, blob in (('train', train), ('val', (ddir / 'val.bin').read_bytes())):
+            h.update(f"{name} {len(blob)}".encode() + blob[:2 ** 20] + blob[-2 ** 20:])
+        return h.hexdigest()[:12]
     small = rng.integers(0, 65, 900_000, dtype=np.uint16).tobytes()  # 1.7 MiB: its two ends are all of it
     train_bin.write_bytes(small)
-    h = hashlib.sha256((ddir / 'meta.pkl').read_bytes())
-    for name, blob in (('train', small), ('val', (ddir / 'val.bin').read_bytes())):
-        h.update(f"{name} {len(blob)}".encode() + blob[:2 ** 20] + blob[-2 ** 20:])
-    assert data.data_id(str(ddir)) == h.hexdigest()[:12]
+    assert data.data_id(str(ddir)) == data.ends_data_id(str(ddir)) == ends(small)
     shutil.copytree(ddir, tmp_path / 'copy')
     assert data.data_id(str(tmp_path / 'copy')) == data.data_id(str(ddir))
-    train_bin.write_bytes(rng.integers(0, 65, 3_000_000, dtype=np.uint16).tobytes())  # 5.7 MiB: read whole
+    large = rng.integers(0, 65, 3_000_000, dtype=np.uint16).tobytes()  # 5.7 MiB: read whole
+    train_bin.write_bytes(large)
+    assert data.ends_data_id(str(ddir)) == ends(large) != data.data_id(str(ddir))
     assert changed(3_000_000) and changed(2 ** 20) and changed(6_000_000 - 2 ** 20 - 1)
     monkeypatch.setattr(data, 'EXACT_BYTES', 4 * 2 ** 20)  # sampled: 1,024 reads of 4 KiB over 3.7 MiB
     assert changed(3_000_000, 4096) and changed(2 ** 20 + 100, 4096)

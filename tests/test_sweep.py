@@ -842,3 +842,31 @@ def test_a_closed_pipe_ends_the_report_quietly(swept, tmp_path):
     finally:
         os.close(write_end)
     assert p.returncode == 1 and p.stderr == '', p.stderr
+
+
+@pytest.mark.slow
+def test_runs_recorded_with_the_earlier_data_identity_are_this_data_s(swept, run_here, capsys, tmp_path, monkeypatch):
+    """A run whose checkpoint and sweep.json hold the identity earlier versions gave the same data (its splits' ends
+    only: data.ends_data_id) is done, not refused as other data, and its row carries the current identity: no '!'."""
+    from nanolime import data
+    root, args, _, _ = swept
+    again = copy_of(root, tmp_path, 'again')
+    data_dir = next(a for a in args if a.startswith('--data_dir='))[len('--data_dir='):]
+    ddir, current = os.path.join(data_dir, 'shakespeare_char'), read_csv(os.path.join(root, 'sweep.csv'))[0]['data']
+    from nanolime import sweep_runs
+    for module in (data, sweep_runs):  # the identity earlier versions gave a larger file: other than data_id's
+        monkeypatch.setattr(module, 'ends_data_id', lambda d: 'e4d5e4d5e4d5' if d == ddir else None)
+    run_dir = os.path.join(again, 'lime-L2-s1')
+    ckpt = torch.load(os.path.join(run_dir, 'ckpt.pt'), weights_only=True)
+    torch.save({**ckpt, 'data_id': 'e4d5e4d5e4d5'}, os.path.join(run_dir, 'ckpt.pt'))
+    with open(os.path.join(run_dir, 'sweep.json')) as f:
+        state = json.load(f)
+    with open(os.path.join(run_dir, 'sweep.json'), 'w') as f:
+        json.dump({**state, 'data': 'e4d5e4d5e4d5'}, f)
+    assert run_here('sweep.py', *args, f'--out_dir={again}', '--plot=False') == 0
+    out = capsys.readouterr().out
+    assert '4 already done' in out and '!' not in out, out
+    assert {r['data'] for r in read_csv(os.path.join(again, 'sweep.csv'))} == {current}
+    torch.save({**ckpt, 'data_id': 'a1b2a1b2a1b2'}, os.path.join(run_dir, 'ckpt.pt'))  # other data stays refused
+    assert run_here('sweep.py', *args, f'--out_dir={again}', '--plot=False') == 1
+    assert f"{run_dir} was trained on other data (data a1b2a1b2a1b2;" in capsys.readouterr().err
