@@ -22,7 +22,7 @@ import statistics
 import time
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
-from nanolime.common import (UserError, autocast, configure, peak_flops as device_peak_flops, read_value,
+from nanolime.common import (UserError, autocast, configure, device_peak_flops, read_value,
                              resolve_device, resolve_dtype, script_options)
 from nanolime.checkpoint import atomic_write, writable_dir
 from nanolime.variants import VARIANT_PLAIN, parse_variant

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from time import time
 
 from tqdm import tqdm
-from nanolime.common import UserError, configure
+from nanolime.common import DDP_ENV, UserError, configure
 from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_dir, writable_dir
 from nanolime.data import arithmetic_tiers, data_id, dataset_dir, ends_data_id
 from nanolime.sweep_runs import (check_options, check_run_dirs, final_record, int_list, own_columns,
@@ -56,8 +56,6 @@ report_only = False        # only rebuild the CSV, tables and plot from the runs
 # -----------------------------------------------------------------------------
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
 RUN_STATE = 'sweep.json'   # per run directory: status, the max_iters it finished, wall time
-DDP_ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'GROUP_WORLD_SIZE', 'ROLE_RANK',
-           'ROLE_WORLD_SIZE', 'ROLE_NAME', 'MASTER_ADDR', 'MASTER_PORT')
 PER_RUN = ('n_layer', 'seed', 'init_from', *VARIANT_PLAIN)  # set by the sweep for each run; a value given is ignored
 # the lr schedule's shape: a run continued under another would restart its schedule mid-run, and its result be
 # that of no run of either length. max_iters alone may grow: a resumed run continues exactly where it stopped,

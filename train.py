@@ -21,18 +21,19 @@ import time
 import dataclasses
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
-from nanolime.common import UserError, configure, check_ranges, resolve_device, resolve_dtype, autocast, excepthook, \
-    catch_stop_signals, peak_flops as peak_flops_of
-from nanolime.checkpoint import atomic_save, atomic_write, load_checkpoint, claim_out_dir, check_resume, on_rank_0, \
-    check_same_weights, git_commit, load_weights, CKPT_NAME, CKPT_MARKER
+from nanolime.common import UserError, configure, check_ranges, resolve_device, resolve_dtype, autocast, ddp_env, \
+    start_ddp, wrap_ddp, catch_stop_signals, device_peak_flops
+from nanolime.checkpoint import atomic_save, load_checkpoint, claim_out_dir, check_resume, on_rank_0, RunLog, \
+    load_optimizers, collect_states, resumed_counts, resumed_rng, check_same_weights, git_commit, load_weights, \
+    CKPT_NAME, CKPT_MARKER
 from nanolime.data import data_id, data_info, get_batch
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 from relatives import RelativesConfig, build_model, DEPTH_SCALINGS  # model.py's GPT, or a relative's extension of it
 from nanolime.variants import variant_name
 from nanolime import fsdp as sharding
+from integrations.hf import llama_options, load_llama, resumed_import  # init_from='hf:DIR'
 
 # -----------------------------------------------------------------------------
 # default config values: a small LIMe model (4 x 128, 0.86M parameters) on shakespeare_char that trains on a
@@ -90,8 +91,7 @@ muon_lr = 0.02             # peak lr of Muon's matrices (optimizer='muon'); the 
 muon_momentum = 0.95
 learning_rate = 2e-3       # peak lr (AdamW)
 router_lr = 1e-2           # peak lr of the LIMe routers (paper: 10x the model's)
-router_lr_scaling = ''     # 'fan_in' ('sqrt_fan_in'): router_lr * 2 / (the root of) the layers a router reads;
-                           # not the paper's (docs/deviations.md)
+router_lr_scaling = ''     # 'fan_in' ('sqrt_fan_in'): router_lr * 2 / (the root of) the layers it reads (not the paper)
 attnres_query_lr = 0.0     # peak lr of Attention Residuals' pseudo-queries w_l; 0.0: learning_rate
 max_iters = 2500
 weight_decay = 0.1
@@ -110,13 +110,11 @@ compile = 'auto'           # 'auto' (on CUDA only), True or False
 seed = 1337
 peak_flops = 0.0           # per-device peak FLOP/s for MFU; 0.0: from the GPU's name (nanolime/common.py), none on CPU
 fsdp = False               # torchrun only: weights, gradients, AdamW's state sharded over the ranks (nanolime/fsdp.py)
+check_only = False         # check every option, print the run's config (JSON) and exit before out_dir is claimed
 # -----------------------------------------------------------------------------
-# the model options an import (init_from='hf:DIR') takes from the Llama; resuming such a run takes them from the
-# checkpoint, except those given a value other than the default here
-IMPORTED = ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'norm_eps', 'rope_theta', 'tie_embeddings')
-IMPORTED_DEFAULTS = {k: globals()[k] for k in IMPORTED}
-config = configure(globals())
-hf_dir = init_from[len('hf:'):] if init_from.startswith('hf:') else None  # a Llama's folder to start from
+given = set()  # the options a config file or --key=value set: an import (init_from='hf:DIR') checks its shape's
+config = configure(globals(), given=given)
+hf_dir = imported_from = init_from[len('hf:'):] if init_from.startswith('hf:') else None  # a Llama (resumed: ckpt's)
 
 # everything that can be checked is checked before any work
 check_ranges({**config, 'init_from': 'hf:DIR' if hf_dir else init_from},
@@ -133,29 +131,14 @@ if decay_lr and lr_decay_iters <= warmup_iters:
 if lime and router == 'average' and router_init == 'identity':
     raise UserError("router_init='identity' has nothing to initialize with router='average' (fixed weights): use "
                     "router_init='paper' with it, or another router")
-if depth_scaling != 'standard' and optimizer != 'adamw':  # before Muon's torch check: no torch makes them combine
-    raise UserError(f"depth_scaling={depth_scaling!r} has AdamW's rules (CompleteP's Table 1), none for "
-                    f"optimizer={optimizer!r}: use optimizer='adamw' (or depth_scaling='standard')")
-if optimizer == 'muon' and not hasattr(torch.optim, 'Muon'):
+if optimizer == 'muon' and depth_scaling == 'standard' and not hasattr(torch.optim, 'Muon'):
     raise UserError(f"optimizer='muon' needs torch.optim.Muon, in torch 2.9 and newer (this is torch "
                     f"{torch.__version__}): upgrade torch, or use optimizer='adamw'")
 if wandb_log and importlib.util.find_spec('wandb') is None:
     raise UserError("wandb_log=True but wandb is not installed: pip install wandb (or --wandb_log=False)")
-# DDP and the world size from the same variables: torchrun sets all three; a shell may have exported one of them
-DDP_ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')
-given = [k for k in DDP_ENV if os.environ.get(k, '') != '']
-if given and len(given) < len(DDP_ENV):
-    missing = [k for k in DDP_ENV if k not in given]
-    raise UserError(f"the DDP environment is half set: {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
-                    f"missing ({', '.join(f'{k}={os.environ[k]}' for k in given)} {'is' if len(given) == 1 else 'are'} "
-                    f"set); start DDP with torchrun (it sets {', '.join(DDP_ENV)}), or unset {' and '.join(given)} "
-                    "for one process")
-if given and not all(os.environ[k].isdigit() for k in DDP_ENV) or given and \
-        not int(os.environ['RANK']) < int(os.environ['WORLD_SIZE']):
-    raise UserError(f"the DDP environment is not torchrun's: {', '.join(f'{k}={os.environ[k]}' for k in DDP_ENV)} "
-                    "(expected integers, RANK < WORLD_SIZE); start DDP with torchrun")
-ddp = bool(given)
-world_size = int(os.environ['WORLD_SIZE']) if ddp else 1
+ddp = ddp_env()  # (rank, local_rank, world_size) under torchrun, else None
+rank, world_size = (ddp[0], ddp[2]) if ddp else (0, 1)
+master = rank == 0
 tokens_per_micro_step = batch_size * block_size * world_size
 if total_batch_size % tokens_per_micro_step:
     raise UserError(f"total_batch_size={total_batch_size} is not a multiple of batch_size * block_size * world_size "
@@ -165,38 +148,20 @@ grad_accum = total_batch_size // tokens_per_micro_step
 ddir, meta, sizes = data_info(dataset, data_dir, block_size)
 data_identity = data_id(ddir)  # every checkpoint records it: sweep.py tells results on other data apart
 if hf_dir is not None:  # the model's shape is the Llama's (LIMe's routers, if any, are added to it)
-    from integrations.hf import llama_model_args, llama_weight_files
-    llama = llama_model_args(hf_dir)
-    llama_weight_files(hf_dir)  # readable, before out_dir is claimed
-    vocab = llama.pop('vocab_size')
-    if vocab != int(meta['vocab_size']):
-        raise UserError(f"init_from={init_from}: its vocabulary has {vocab} tokens, "
-                        f"dataset '{dataset}' {meta['vocab_size']}; train it on a dataset of its tokenizer")
-    config.update(llama)
-    globals().update(llama)
+    config.update(llama_options(hf_dir, config, given, int(meta['vocab_size']), announce=master))
 ckpt_path = os.path.join(out_dir, CKPT_NAME)
-ckpt = ckpt_log = None
-imported_from = hf_dir  # the Llama this run's model started from, if any (a resumed run: its checkpoint's)
-if init_from == 'resume':
-    ckpt = load_checkpoint(ckpt_path, "checkpoint to resume from (init_from='resume')")
-    first = str(ckpt['config'].get('init_from', ''))
-    imported_from = ckpt.get('imported_from') or (first[len('hf:'):] if first.startswith('hf:') else None)
-    if imported_from is not None:  # its shape and settings are the Llama's, not train.py's defaults
-        llama = {k: ckpt['model_args'][k] for k in IMPORTED
-                 if k in ckpt['model_args'] and config[k] == IMPORTED_DEFAULTS[k]}
-        config.update(llama)
-        globals().update(llama)
-model_args = {f.name: config[f.name] for f in dataclasses.fields(RelativesConfig) if f.name in config}
+ckpt = load_checkpoint(ckpt_path, "checkpoint to resume from (init_from='resume')") if init_from == 'resume' else None
+if ckpt is not None:  # an imported run's shape is its checkpoint's
+    imported_from = resumed_import(ckpt, config, given)
 try:  # shapes and the router variant
-    gptconf = RelativesConfig(vocab_size=int(meta['vocab_size']), **model_args)
+    model_config = RelativesConfig(vocab_size=int(meta['vocab_size']), **{
+        f.name: config[f.name] for f in dataclasses.fields(RelativesConfig) if f.name in config})
 except ValueError as e:
     raise UserError(f"invalid model config: {e}") from None
 if ckpt is not None:
-    check_resume(ckpt, ckpt_path, dataclasses.asdict(gptconf), config, meta, ddir)
+    check_resume(ckpt, ckpt_path, dataclasses.asdict(model_config), config, meta, ddir)
 
-# devices and DDP (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE)
-rank = int(os.environ['RANK']) if ddp else 0
-master = rank == 0
+# devices and DDP
 device = resolve_device(device)  # an indexed 'cuda:N' on CUDA: cuda:LOCAL_RANK under torchrun
 device_type = device.split(':')[0]
 ptdtype = resolve_dtype(dtype, device)
@@ -210,74 +175,58 @@ if device_type == 'cuda':
     torch.cuda.set_device(device)
     torch.backends.cuda.matmul.allow_tf32 = True
 if ddp:
-    if device_type == 'mps':
-        raise UserError("DDP (torchrun) is not supported on MPS; use --device=cpu")
-    dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
-    sys.excepthook = excepthook  # init_process_group wraps it, and the wrapper loses our one-line errors
-# out_dir is this run's alone (checkpoint.claim_out_dir): rank 0 claims it, and its verdict reaches every rank
-on_rank_0(claim_out_dir, out_dir, 'scratch' if hf_dir else init_from, overwrite, max_iters > 0 and not eval_only)
-if master:
-    print(f"global batch: {batch_size} seqs x {block_size} tokens x {grad_accum} accumulation steps x "
-          f"{world_size} ranks = {total_batch_size:,} tokens/iter")
+    start_ddp(device, rank, world_size)
 
-# model, optimizer, the state a resumed run continues from, and the code it runs (every checkpoint records it)
-commit = git_commit()
+# model and optimizer, from the Llama's weights or the checkpoint's; all checked before out_dir is claimed
 torch.manual_seed(seed)
-model = build_model(gptconf).to(device)
+model = build_model(model_config).to(device)
 if hf_dir is not None:  # the Llama's weights; with router_init='identity' a LIMe computes the same function
-    from integrations.hf import load_llama
     load_llama(model, hf_dir)
 if ckpt is not None:  # the weights first: FSDP shards them, and the optimizer is made of the shards
     load_weights(model, ckpt, ckpt_path)
 if fsdp:
     sharding.shard(model, ptdtype, use_compile)
-optimizers = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2), device_type,
-                                        optimizer=optimizer, muon_lr=muon_lr, muon_momentum=muon_momentum,
-                                        named_lrs={'attn_res.query': attnres_query_lr} if attnres and attnres_query_lr
-                                        else None, router_lr_scaling=router_lr_scaling)
+try:
+    optimizers = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2), device_type,
+                                            optimizer=optimizer, muon_lr=muon_lr, muon_momentum=muon_momentum,
+                                            named_lrs={'attn_res.query': attnres_query_lr}
+                                            if attnres and attnres_query_lr else None,
+                                            router_lr_scaling=router_lr_scaling)
+except ValueError as e:  # an optimizer the model has no rules for (CompleteP's are AdamW's)
+    raise UserError(str(e)) from None
 optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
 scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
-iter_num, best_val_loss, tokens_seen, flops_seen = 0, float('inf'), 0, 0
-data_rng = np.random.default_rng([seed, rank])  # each rank draws its own batches
+if ckpt is not None:  # their states (and the scaler's), with this run's settings
+    changed = load_optimizers(optimizers, scaler, ckpt, ckpt_path, config,
+                              sharding.sharded_optimizer_state if fsdp else None)
+if check_only:  # sweep.py checks each of its runs so
+    print(json.dumps(config))
+    sys.exit(0)
+# out_dir is this run's alone (checkpoint.claim_out_dir): rank 0 claims it, and its verdict reaches every rank
+on_rank_0(claim_out_dir, out_dir, 'scratch' if hf_dir else init_from, overwrite, max_iters > 0 and not eval_only)
+
+# the state a resumed run continues from, and the code it runs (every checkpoint records it)
+commit = git_commit()
+iter_num, best_val_loss, tokens_seen, flops_seen = resumed_counts(ckpt)  # 0, inf, 0, 0 for a new run
 torch.manual_seed(seed + 1 + rank)  # dropout
-if ckpt is not None:
-    if 'optimizer' in ckpt:  # one state dict per optimizer (a single one in older checkpoints)
-        states = ckpt['optimizer'] if isinstance(ckpt['optimizer'], list) else [ckpt['optimizer']]
-        for opt, state in zip(optimizers, states):
-            opt.load_state_dict(sharding.sharded_optimizer_state(opt, state) if fsdp else state)
-    if ckpt.get('scaler') and scaler.is_enabled():
-        scaler.load_state_dict(ckpt['scaler'])
-    iter_num, best_val_loss = int(ckpt['iter_num']), float(ckpt.get('best_val_loss', float('inf')))
-    tokens_seen, flops_seen = int(ckpt.get('tokens', 0)), int(ckpt.get('flops', 0))
-    rng = ckpt.get('rng') or []
-    if len(rng) == world_size:
-        data_rng.bit_generator.state = rng[rank]['data']
-        torch.set_rng_state(rng[rank]['torch'])
-        if device_type == 'cuda' and rng[rank].get('cuda') is not None:
-            torch.cuda.set_rng_state(rng[rank]['cuda'], device)
-    else:
-        data_rng = np.random.default_rng([seed, rank, iter_num])
-        if master:
-            print(f"note: the checkpoint was written by {len(rng)} ranks, this run has {world_size}: "
-                  "the data order is not resumed exactly")
-    if master:
-        print(f"resuming from {ckpt_path} at iter {iter_num + 1} (best val loss {best_val_loss:.4f})")
-    ckpt_log, ckpt = ckpt.get('log'), None  # its copy of the log (older checkpoints: None); free the mapped file
+data_rng = resumed_rng(ckpt, seed, rank, world_size, device, announce=master)  # each rank draws its own batches
+if master and ckpt is not None:
+    print(f"resuming from {ckpt_path} at iter {iter_num + 1} (best val loss {best_val_loss:.4f})"
+          + (f"\n{changed}" if changed else ''))
+run_log, ckpt = RunLog(out_dir, ckpt if master else None), None  # log.jsonl, rank 0's; the checkpoint's file freed
 flops_per_token = model.flops_per_token(block_size)
 if master:
+    print(f"global batch: {batch_size} seqs x {block_size} tokens x {grad_accum} accumulation steps x "
+          f"{world_size} ranks = {total_batch_size:,} tokens/iter")
     print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, variant {model_variant}"
           f"{f' (CompleteP from depth_base={depth_base})' if depth_scaling != 'standard' else ''}, "
-          f"{flops_per_token / 1e6:.2f} MFLOPs/token "
-          f"forward; device {device}, {ptdtype}, compile {use_compile}")
+          f"{flops_per_token / 1e6:.2f} MFLOPs/token forward; device {device}, {ptdtype}, compile {use_compile}")
 raw_model = model  # the plain module: its state_dict has no compile/DDP prefixes
 if use_compile and not fsdp:  # (FSDP: each block compiled on its own, sharding.shard)
     model = torch.compile(model)
-if ddp and not fsdp:  # buffers (RoPE tables) are the same on every rank: no need to broadcast them at every forward
-    # (the option's name from torch 2.13 on; broadcast_buffers before, deprecated since)
-    no_sync = 'forward_sync_buffers' if 'forward_sync_buffers' in inspect.signature(DDP).parameters else \
-        'broadcast_buffers'
-    model = DDP(model, device_ids=[torch.device(device).index] if device_type == 'cuda' else None, **{no_sync: False})
-peak = peak_flops or (peak_flops_of(torch.cuda.get_device_name(device)) if device_type == 'cuda' else None)
+if ddp and not fsdp:
+    model = wrap_ddp(model, device)
+peak = peak_flops or (device_peak_flops(torch.cuda.get_device_name(device)) if device_type == 'cuda' else None)
 
 def get_lr(it):
     """lr of iteration it (1-based): linear warm-up to learning_rate, cosine down to min_lr, then min_lr."""
@@ -292,7 +241,7 @@ def get_lr(it):
 
 def train_batch():
     return get_batch(ddir, 'train', data_rng.integers(0, sizes['train'] - block_size, batch_size), block_size, device,
-                     gptconf.vocab_size)
+                     model_config.vocab_size)
 
 @torch.no_grad()
 def estimate_loss():
@@ -306,7 +255,7 @@ def estimate_loss():
         acc = torch.zeros(2, device=device)
         # FSDP: every rank runs as many forwards (each gathers weights with the others), the extra ones not counted
         for k in range(rank, eval_iters + (-eval_iters % world_size if fsdp else 0), world_size):
-            x, y = get_batch(ddir, split, ix[k % eval_iters], block_size, device, gptconf.vocab_size)
+            x, y = get_batch(ddir, split, ix[k % eval_iters], block_size, device, model_config.vocab_size)
             with ctx:
                 loss = model(x, y)[1]  # not the logits: they would stay alive into the next forward
             if k < eval_iters:
@@ -320,20 +269,10 @@ def estimate_loss():
     return out
 
 def log(record):
-    global log_changed
     if master:
-        log_lines.append(json.dumps(record) + '\n')
-        log_changed = True
+        run_log.add(record)
         if wandb_log:
             wandb.log(record, step=record['iter'])
-
-def write_log(then):
-    """log.jsonl replaced whole (atomically) if it changed: the log up to the checkpoint this run started from, then
-    its records."""
-    global log_changed
-    if log_changed:
-        atomic_write(log_path, lambda f: f.write(''.join(log_lines).encode()), then)
-    log_changed = False
 
 def save_checkpoint(rng_states, states=None):
     """ckpt.pt, then log.jsonl, each replaced atomically. The checkpoint holds its log too: after a kill between the
@@ -342,26 +281,17 @@ def save_checkpoint(rng_states, states=None):
     model_state, optimizer_states = states or (raw_model.state_dict(), [o.state_dict() for o in optimizers])
     atomic_save({CKPT_MARKER: 1, 'model': model_state, 'optimizer': optimizer_states,
                  'scaler': scaler.state_dict() if scaler.is_enabled() else None, 'config': config, 'meta': meta,
-                 'model_args': dataclasses.asdict(gptconf), 'iter_num': iter_num, 'best_val_loss': best_val_loss,
+                 'model_args': dataclasses.asdict(model_config), 'iter_num': iter_num, 'best_val_loss': best_val_loss,
                  'rng': rng_states, 'tokens': tokens_seen, 'flops': flops_seen, 'world_size': world_size,
-                 'log': log_lines, 'imported_from': imported_from, 'data_id': data_identity, 'git_commit': commit,
+                 'log': run_log.lines, 'imported_from': imported_from, 'data_id': data_identity, 'git_commit': commit,
                  'torch_version': str(torch.__version__)},
                 ckpt_path, resume_hint())
-    write_log(resume_hint())
+    run_log.write(resume_hint())
     print(f"saved checkpoint to {ckpt_path} (iter {iter_num})")
-
-def logged_iter(line):
-    """The iteration of a log line; inf for a line cut short by a crash, or anything else that is not a record."""
-    try:
-        return int(json.loads(line)['iter']) if line.endswith('\n') else math.inf
-    except (ValueError, TypeError, KeyError):
-        return math.inf
 
 def resume_hint():
     """How to go on after this run stops: from the checkpoint in out_dir if it is this run's (or the one it resumed)."""
-    if last_saved is None and init_from != 'resume':
-        return "run again"
-    return RESUME_COMMAND
+    return RESUME_COMMAND if last_saved is not None or init_from == 'resume' else "run again"
 
 # the same command, continued: the model options an import set come from the checkpoint
 RESUME_COMMAND = f"continue with --init_from=resume{f' (in place of --init_from={init_from})' if hf_dir else ''}"
@@ -372,16 +302,6 @@ def stopped(reason):
             else f"no checkpoint was written by this run ({ckpt_path}, if any, is unchanged)")
     return f"{reason}: training stopped; {kept}. Try a lower learning_rate, grad_clip, or dtype='float32'"
 
-# log.jsonl: the records of the training that led to the checkpoint. A resumed run keeps the lines up to its
-# checkpoint and adds its own. The file is replaced with every checkpoint and at the end, and not in between: a run
-# that fails or is killed leaves it as it was (its progress is on stdout); so does a run that logs nothing.
-log_path = os.path.join(out_dir, 'log.jsonl')
-log_lines, log_changed = [], False
-if master and init_from == 'resume' and os.path.exists(log_path):
-    with open(log_path) as f:
-        log_lines = [line for line in f if logged_iter(line) <= iter_num]
-if master and ckpt_log is not None and ckpt_log != log_lines:  # killed between the checkpoint's write and the log's:
-    log_lines, log_changed = ckpt_log, True  # the checkpoint's copy has the records the file lacks
 if wandb_log and master:
     import wandb
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
@@ -413,54 +333,46 @@ while iter_num < max_iters and not eval_only:
             x, y = train_batch()
         scaler.scale(loss).backward()
         del loss  # nothing of this step's graph may live on into the next forward
-    if grad_clip > 0.0:
-        for opt in optimizers:
-            scaler.unscale_(opt)
-        (sharding.clip_grad_norm_ if fsdp else torch.nn.utils.clip_grad_norm_)(raw_model.parameters(), grad_clip)
+    for opt in optimizers:
+        scaler.unscale_(opt)  # the gradients' own norm: logged, and clipped to grad_clip (0: not clipped)
+    grad_norm = (sharding.clip_grad_norm_ if fsdp else torch.nn.utils.clip_grad_norm_)(raw_model.parameters(),
+                                                                                         grad_clip or math.inf)
     for opt in optimizers:
         scaler.step(opt)
     scaler.update()
     model.zero_grad(set_to_none=True)
-    # one sync per iteration: the loss (mean over ranks) and whether any rank was signalled
-    stats = torch.stack([loss_sum, torch.tensor(float(bool(stop_request)), device=device)])
+    # one sync per iteration: the loss and the gradient norm (means over ranks), whether any rank was signalled
+    stats = torch.stack([loss_sum, grad_norm.float(), torch.tensor(float(bool(stop_request)), device=device)])
     if ddp:
         dist.all_reduce(stats)
-    lossf, stop_now = stats[0].item() / world_size, stats[1].item() > 0
+    (lossf, normf), stop_now = (stats[:2] / world_size).tolist(), stats[2].item() > 0
     dt = time.time() - t0
     tokens_seen += total_batch_size
     flops_seen += 3 * flops_per_token * total_batch_size
     if not math.isfinite(lossf):  # the same all-reduced value on every rank: they all stop here
         raise UserError(stopped(f"loss is {lossf} at iter {iter_num}"))
-    record = None
-    if iter_num % log_interval == 0 or iter_num in (1, max_iters) or stop_now:
+    record = {'iter': iter_num, 'tokens': tokens_seen, 'flops': flops_seen, 'loss': lossf, 'lr': lr,
+              'grad_norm': normf, 'clipped': 0 < grad_clip < normf}  # the norm before clipping
+    logged = iter_num % log_interval == 0 or iter_num in (1, max_iters) or stop_now
+    if logged:
         mfu = raw_model.estimate_mfu(total_batch_size, dt, peak * world_size, block_size) if peak else None
-        record = {'iter': iter_num, 'tokens': tokens_seen, 'flops': flops_seen, 'loss': lossf, 'lr': lr,
-                  'dt_ms': dt * 1000, 'tokens_per_s': total_batch_size / dt, 'mfu': mfu}
+        record.update(dt_ms=dt * 1000, tokens_per_s=total_batch_size / dt, mfu=mfu)
         if master:
-            print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
+            print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, grad norm {normf:.3f}"
+                  f"{' (clipped)' if record['clipped'] else ''}, {dt * 1000:.1f} ms/iter, "
                   f"{total_batch_size / dt:,.0f} tok/s, {flops_seen:.3e} FLOPs"
                   + (f", mfu {mfu * 100:.2f}%" if mfu is not None else ""), flush=True)
-    save = stop_now
-    if iter_num % eval_interval == 0 or iter_num == max_iters:
+    save, evaluated = stop_now, iter_num % eval_interval == 0 or iter_num == max_iters
+    if evaluated:
         losses = estimate_loss()
-        record = record or {'iter': iter_num, 'tokens': tokens_seen, 'flops': flops_seen, 'loss': lossf, 'lr': lr}
         record.update(train_loss_eval=losses['train'], val_loss=losses['val'])
         save = save or always_save_checkpoint or losses['val'] < best_val_loss
         best_val_loss = min(best_val_loss, losses['val'])
-    if record is not None:
+    if logged or evaluated:
         log(record)
     if save:
-        # collective: every rank sends its RNG state and says whether its weights are finite, so that all
-        # of them reach the same verdict (a rank that stopped alone would leave the others hanging)
-        rng_state = {'data': data_rng.bit_generator.state, 'torch': torch.get_rng_state(),
-                     'cuda': torch.cuda.get_rng_state(device) if device_type == 'cuda' else None}
-        finite = torch.stack([sharding.local(p.detach()).isfinite().all()  # FSDP: this rank's shard
-                              for p in raw_model.parameters()]).all().float()
-        rng_states = [None] * world_size if ddp else [rng_state]
-        if ddp:
-            dist.all_gather_object(rng_states, rng_state)
-            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-        if finite.item() < 1:
+        rng_states, finite = collect_states(raw_model, data_rng, device)  # every rank's, under DDP
+        if not finite:
             raise UserError(stopped(f"the weights are not finite at iter {iter_num}"))
         # a full disk, say: then the files there stay as they were, and every rank stops
         states = sharding.full_state_dicts(raw_model, optimizers) if fsdp else None  # collective
@@ -471,7 +383,7 @@ while iter_num < max_iters and not eval_only:
             print(f"interrupted at iter {iter_num}: checkpoint saved to {ckpt_path}; {RESUME_COMMAND}", flush=True)
         break
 
-on_rank_0(write_log, resume_hint())  # records since the last checkpoint (eval_only, always_save_checkpoint=False)
+on_rank_0(run_log.write, resume_hint())  # records since the last checkpoint (eval_only, always_save_checkpoint=False)
 if master and not stop_now and not eval_only:
     print(f"done: {iter_num} iters in {time.time() - t_start:.1f} s, best val loss {best_val_loss:.4f}")
 if ddp:

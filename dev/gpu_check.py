@@ -55,7 +55,7 @@ def missing_requirements():
 if __name__ == '__main__' and missing_requirements():
     sys.exit(f"error: dev/gpu_check.py needs {', '.join(missing_requirements())}, not installed here: "
              "pip install -r requirements.txt")
-from nanolime.common import UserError, configure, peak_flops  # noqa: E402
+from nanolime.common import UserError, configure, device_peak_flops  # noqa: E402
 from nanolime.checkpoint import atomic_write, lock_dir, read_log, writable_dir  # noqa: E402
 
 # ----------------------------------------------------------------------------- config
@@ -439,7 +439,7 @@ def device_info(command):
     return dict(info, driver=driver[0] if driver else None,
                 commit=commit + (' (with uncommitted changes)' if dirty else ''),
                 date=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'), command=command,
-                cpus=os.cpu_count(), peak_flops=info.get('device') and peak_flops(info['device']))
+                cpus=os.cpu_count(), peak_flops=info.get('device') and device_peak_flops(info['device']))
 
 
 def write_report(report, out):

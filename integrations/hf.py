@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from nanolime.common import UserError
+from nanolime.common import UserError, check_ranges, check_value
 from relatives import RelativesConfig
 
 LLAMA = ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'dropout',
@@ -112,6 +112,57 @@ def from_llama(sd, cfg):
 
 
 # ----------------------------------------------------------------------------- import: train.py --init_from=hf:DIR
+# the model options an import takes from the Llama (beside vocab_size, which must be its dataset's)
+LLAMA_SHAPE = ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'norm_eps', 'rope_theta', 'tie_embeddings')
+
+
+def llama_options(path, config, given, vocab_size, announce=True):
+    """The model options of a run that starts from the LlamaForCausalLM in folder `path` (LLAMA_SHAPE), its
+    config.json and weight files checked (before anything is claimed); `announce`: print a note if the model starts
+    with more than the Llama (LIMe's routers at the paper's init, another variant's parameters). UserError if the
+    Llama's vocabulary is not `vocab_size` (its dataset's), if an option of `config` in `given` (set by a config file
+    or --key=value) differs from the Llama's (the Llama's shape is the model's), or for CompleteP from a depth_base
+    other than the Llama's depth (it would scale the Llama's blocks)."""
+    llama = llama_model_args(path)
+    llama_weight_files(path)
+    vocab = llama.pop('vocab_size')
+    if vocab != vocab_size:
+        raise UserError(f"init_from=hf:{path}: its vocabulary has {vocab} tokens, "
+                        f"dataset '{config['dataset']}' {vocab_size}; train it on a dataset of its tokenizer")
+    clash = [k for k in LLAMA_SHAPE if k in given and config[k] != llama[k]]
+    if clash:
+        raise UserError(f"init_from=hf:{path} takes the model's shape from the Llama, and "
+                        f"{', '.join(f'{k}={config[k]!r} (its {llama[k]!r})' for k in clash)} was given: leave "
+                        f"{'it' if len(clash) == 1 else 'them'} out (a config file's too), or give the Llama's")
+    depth, base = llama['n_layer'], config['depth_base']
+    if config['depth_scaling'] != 'standard' and base not in (None, depth):
+        raise UserError(f"init_from=hf:{path} with depth_scaling={config['depth_scaling']!r} and depth_base={base} "
+                        f"would scale each block's output of the {depth}-layer Llama by {base}/{depth}: the model "
+                        f"would start from another function than the Llama's; use depth_base={depth} (its depth, where "
+                        "CompleteP changes nothing) or depth_scaling='standard'")
+    # what else the model starts from: LIMe's routers at the paper's init mix layers from step 0; other variants
+    # add parameters at their own init
+    cfg = {f.name: config[f.name] for f in dataclasses.fields(RelativesConfig) if f.name in config}
+    starts = [f"{k}={cfg[k]!r} at its own init" for k in variants(cfg) if k not in ('depth_scaling', 'depth_base')]
+    if config['lime'] and config['router_init'] == 'paper':
+        starts.insert(0, "LIMe's routers at router_init='paper', not the Llama's function (router_init='identity' "
+                         "starts as the Llama)")
+    if announce and starts:
+        print(f"note: the model starts from the Llama's weights with {'; '.join(starts)}")
+    return llama
+
+
+def resumed_import(ckpt, config, given):
+    """The Llama folder the run of checkpoint `ckpt` started from, or None; for such a run, config's LLAMA_SHAPE
+    options not in `given` set to the checkpoint's, since an import's shape is the Llama's, not train.py's defaults
+    (those given are compared with the checkpoint's, as for any resume)."""
+    first = str(ckpt['config'].get('init_from', ''))
+    imported_from = ckpt.get('imported_from') or (first[len('hf:'):] if first.startswith('hf:') else None)
+    if imported_from is not None:
+        config.update({k: ckpt['model_args'][k] for k in LLAMA_SHAPE if k in ckpt['model_args'] and k not in given})
+    return imported_from
+
+
 def llama_model_args(path):
     """The model options (GPTConfig fields) of the LlamaForCausalLM folder `path`; UserError for anything else."""
     cfg_path = os.path.join(path, 'config.json')
@@ -125,17 +176,18 @@ def llama_model_args(path):
                         "with transformers, or point it at another folder") from None
     if not isinstance(c, dict):
         raise UserError(f"init_from=hf:{path}: config.json is not a model config (a JSON object)")
-    lacks = [k for k in ('num_attention_heads', 'num_hidden_layers', 'hidden_size', 'intermediate_size', 'vocab_size')
-             if not isinstance(c.get(k), int) or c[k] < 1]
-    if lacks and c.get('model_type') == 'llama':
-        raise UserError(f"init_from=hf:{path}: config.json lacks {lacks[0]} (a positive integer); save the model "
-                        "again with transformers")
-    if c.get('model_type') != 'llama' or 'LlamaForCausalLM' not in (c.get('architectures') or ['LlamaForCausalLM']):
-        raise UserError(f"init_from=hf:{path}: a {c.get('architectures') or c.get('model_type')} model; only a plain "
+    if 'model_type' not in c:
+        raise UserError(f"init_from=hf:{path}: config.json has no model_type (transformers writes 'llama' for a "
+                        "LlamaForCausalLM); save the model again with transformers")
+    if c['model_type'] != 'llama' or 'LlamaForCausalLM' not in (c.get('architectures') or ['LlamaForCausalLM']):
+        raise UserError(f"init_from=hf:{path}: a {c.get('architectures') or c['model_type']} model; only a plain "
                         "LlamaForCausalLM can be imported (a nanoLIMe export of LIMe continues with the run's own "
                         "--init_from=resume)")
-    heads = c['num_attention_heads']
-    head_dim = c.get('head_dim') or c['hidden_size'] // heads
+    lacks = [k for k in ('num_attention_heads', 'num_hidden_layers', 'hidden_size', 'intermediate_size', 'vocab_size')
+             if c.get(k) is None]
+    if lacks:
+        raise UserError(f"init_from=hf:{path}: config.json lacks {lacks[0]} (a positive integer); save the model "
+                        "again with transformers")
     # RoPE's settings: rope_parameters (transformers 5), or rope_scaling, whose kind is rope_type or, as written
     # before rope_type existed, type (transformers honours both); any kind but the default is scaled RoPE
     ropes = {key: c.get(key) or {} for key in ('rope_parameters', 'rope_scaling')}
@@ -143,19 +195,39 @@ def llama_model_args(path):
               for kind in ('rope_type', 'type') if rope.get(kind) not in (None, 'default')]
     scaled += [f"{key}={rope!r}" for key, rope in ropes.items() if not isinstance(rope, dict)]
     rope = {**ropes['rope_scaling'], **ropes['rope_parameters']} if not scaled else {}
+    # its values, checked as train.py checks the same options (types, then ranges), named by config.json's keys
+    heads = c['num_attention_heads']  # and as many KV heads when num_key_value_heads is null (transformers' rule)
+    values = {'num_hidden_layers': c['num_hidden_layers'], 'num_attention_heads': heads,
+              'num_key_value_heads': heads if c.get('num_key_value_heads') is None else c['num_key_value_heads'],
+              'hidden_size': c['hidden_size'], 'intermediate_size': c['intermediate_size'],
+              'rms_norm_eps': c.get('rms_norm_eps', 1e-6),
+              'rope_theta': rope.get('rope_theta', c.get('rope_theta', 10000.0)),
+              'tie_word_embeddings': c.get('tie_word_embeddings', False), 'vocab_size': c['vocab_size'],
+              **({'head_dim': c['head_dim']} if c.get('head_dim') is not None else {})}
+    floats = {'rms_norm_eps': 1.0, 'rope_theta': 1.0, 'tie_word_embeddings': False}  # defaults of their types
+    try:
+        values = {key: check_value(key, value, floats.get(key, 1)) for key, value in values.items()}
+        check_ranges(values, at_least_1=[k for k, v in values.items() if type(v) is int],
+                     positive=('rms_norm_eps', 'rope_theta'))
+    except UserError as e:
+        raise UserError(f"init_from=hf:{path}: config.json's {e}; save the model again with transformers, or "
+                        "correct config.json") from None
+    head_dim = values.get('head_dim', values['hidden_size'] // values['num_attention_heads'])
     unsupported = [name for name, bad in (
         ('attention_bias', c.get('attention_bias')), ('mlp_bias', c.get('mlp_bias')),
         (f"hidden_act={c.get('hidden_act')!r}", c.get('hidden_act', 'silu') != 'silu'),
         (f"scaled RoPE: {', '.join(scaled)}", scaled),
-        (f"head_dim={head_dim} != hidden_size / num_attention_heads", head_dim * heads != c['hidden_size']))
+        (f"head_dim={head_dim} != hidden_size / num_attention_heads",
+         head_dim * values['num_attention_heads'] != values['hidden_size']))
         if bad]
     if unsupported:
         raise UserError(f"init_from=hf:{path}: unsupported Llama ({', '.join(unsupported)}); our model has no biases, "
                         "SwiGLU, plain RoPE and head_dim = hidden_size / num_attention_heads")
-    return dict(n_layer=c['num_hidden_layers'], n_head=heads, n_kv_head=c.get('num_key_value_heads') or heads,
-                n_embd=c['hidden_size'], mlp_hidden=c['intermediate_size'], norm_eps=c.get('rms_norm_eps', 1e-6),
-                rope_theta=float(rope.get('rope_theta', c.get('rope_theta', 10000.0))),
-                tie_embeddings=bool(c.get('tie_word_embeddings', False)), vocab_size=c['vocab_size'])
+    return dict(n_layer=values['num_hidden_layers'], n_head=values['num_attention_heads'],
+                n_kv_head=values['num_key_value_heads'], n_embd=values['hidden_size'],
+                mlp_hidden=values['intermediate_size'], norm_eps=values['rms_norm_eps'],
+                rope_theta=values['rope_theta'], tie_embeddings=values['tie_word_embeddings'],
+                vocab_size=values['vocab_size'])
 
 
 def llama_weight_files(path):
@@ -190,12 +262,18 @@ def llama_weight_files(path):
 
 def load_llama(model, path):
     """Load the LlamaForCausalLM weights in folder `path` into `model` (its other parameters, a LIMe router or
-    another variant's, keep their init); UserError if a shape differs."""
+    another variant's, keep their init); UserError if a shape differs or a weight is not finite (NaN or inf: it would
+    train to NaN), as our checkpoints' loader refuses them."""
     files = llama_weight_files(path)
     from safetensors.torch import load_file
     sd = {}
     for name in files:
         sd.update(load_file(os.path.join(path, name)))
+    bad = [k for k, v in sd.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise UserError(f"init_from=hf:{path}: its weights hold non-finite values (NaN or inf) in {bad[0]}"
+                        f"{f' and {len(bad) - 1} more tensors' if len(bad) > 1 else ''}; download or save the model "
+                        "again, or import another")
     ours = model.state_dict()
     for k, v in from_llama(sd, dataclasses.asdict(model.config)).items():
         if ours[k].shape != v.shape:

@@ -8,6 +8,7 @@ import dataclasses
 import fcntl
 import glob
 import json
+import math
 import tempfile
 
 from nanolime.common import UserError
@@ -101,16 +102,49 @@ def check_resume(ckpt, path, model_args, config, meta, ddir):
                         "tokens); resume on the checkpoint's dataset and data_dir, or train into another out_dir")
 
 
+# train.py's options of the optimizer and its schedule: a resume may change them (load_optimizers applies them)
+OPTIMIZER_OPTIONS = ('learning_rate', 'min_lr', 'router_lr', 'router_lr_scaling', 'attnres_query_lr', 'muon_lr',
+                     'muon_momentum', 'weight_decay', 'beta1', 'beta2', 'grad_clip', 'decay_lr', 'warmup_iters',
+                     'lr_decay_iters')
+
+
+def load_optimizers(optimizers, scaler, ckpt, path, config, adapt=None):
+    """The optimizer states of checkpoint `ckpt` (at `path`) into `optimizers`, made for this run's `config`, and the
+    GradScaler's into `scaler` (float16) if it has one: each
+    group keeps this run's settings (peak lr, weight decay, betas, eps; load_state_dict would bring back the
+    checkpoint's), so that what the run logs and saves is what its optimizer does. Returns the line that names the
+    OPTIMIZER_OPTIONS that differ from the checkpoint's, or None; UserError if the groups differ (another one).
+    `adapt(optimizer, state)`: the state that optimizer loads (FSDP's shards of it), if not the checkpoint's own."""
+    states = ckpt.get('optimizer')
+    for opt, state in zip(optimizers, states if isinstance(states, list) else [states] if states else []):
+        ours = [{k: v for k, v in group.items() if k != 'params'} for group in opt.param_groups]
+        try:
+            opt.load_state_dict(adapt(opt, state) if adapt else state)
+        except ValueError as e:  # a group more or less: attnres_query_lr set or unset, say
+            raise UserError(f"cannot resume from {path}: its optimizer's parameter groups differ from this run's "
+                            f"({e}); use the checkpoint's settings or another out_dir") from None
+        for group, settings in zip(opt.param_groups, ours):
+            group.update(settings)
+    if ckpt.get('scaler') and scaler.is_enabled():
+        scaler.load_state_dict(ckpt['scaler'])
+    theirs = ckpt['config']
+    changed = [f"{k} {theirs[k]!r} -> {config[k]!r}" for k in OPTIMIZER_OPTIONS
+               if k in theirs and theirs[k] != config[k]]
+    return (f"resuming with other optimizer settings than {path}'s, applied from iter {ckpt['iter_num'] + 1} on: "
+            f"{', '.join(changed)}") if changed else None
+
+
 def on_rank_0(work, *args, error_prefix=''):
-    """work(*args) on rank 0 only (RANK as torchrun sets it), and its UserError, if any, raised on every rank (under
-    DDP all of them call this at the same point): they all stop together, none waits in a collective for the others."""
-    error = None
-    if int(os.environ.get('RANK', 0)) == 0:
+    """work(*args) on rank 0 only (the process group's, when there is one), and its UserError, if any, raised on every
+    rank (under DDP all of them call this at the same point): they all stop together, none waits in a collective for
+    the others."""
+    error, ddp = None, torch.distributed.is_available() and torch.distributed.is_initialized()
+    if not ddp or torch.distributed.get_rank() == 0:
         try:
             work(*args)
         except UserError as e:
             error = error_prefix + str(e)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if ddp:
         box = [error]
         torch.distributed.broadcast_object_list(box, src=0)
         error = box[0]
@@ -229,6 +263,87 @@ def load_checkpoint(path, what="checkpoint"):
         args['mhc'] = 'static' if args['mhc'] else ''
     ckpt['model_args'] = {**{f.name: f.default for f in dataclasses.fields(RelativesConfig)}, **args}
     return ckpt
+
+
+def collect_states(model, data_rng, device):
+    """(every rank's RNG states, for the checkpoint; whether every rank's weights are finite): a collective under
+    DDP, so that all ranks reach the same verdict (a rank that stopped alone would leave the others hanging).
+    `data_rng`: the numpy Generator of the data order; `device`: the resolved device."""
+    state = {'data': data_rng.bit_generator.state, 'torch': torch.get_rng_state(),
+             'cuda': torch.cuda.get_rng_state(device) if device.startswith('cuda') else None}
+    finite = torch.stack([(p.to_local() if hasattr(p, 'to_local') else p).detach().isfinite().all()  # FSDP: a shard
+                          for p in model.parameters()]).all().float()
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [state], finite.item() == 1
+    states = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(states, state)
+    torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
+    return states, finite.item() == 1
+
+
+def resumed_counts(ckpt):
+    """(iter_num, best_val_loss, tokens, flops) of checkpoint `ckpt`: where its run stopped; a new run's for None."""
+    if ckpt is None:
+        return 0, float('inf'), 0, 0
+    return (int(ckpt['iter_num']), float(ckpt.get('best_val_loss', float('inf'))), int(ckpt.get('tokens', 0)),
+            int(ckpt.get('flops', 0)))
+
+
+def resumed_rng(ckpt, seed, rank, world_size, device, announce=True):
+    """The numpy Generator of this rank's data order: a new run's (ckpt None), or as checkpoint `ckpt` left it,
+    torch's (and CUDA's) RNG state restored too, if it was written by as many ranks; else a Generator of its own for
+    this iteration (`announce`: say that the data order is then not resumed exactly)."""
+    import numpy as np
+    if ckpt is None:
+        return np.random.default_rng([seed, rank])
+    states = ckpt.get('rng') or []
+    if len(states) != world_size:
+        if announce:
+            print(f"note: the checkpoint was written by {len(states)} ranks, this run has {world_size}: the data "
+                  "order is not resumed exactly")
+        return np.random.default_rng([seed, rank, int(ckpt['iter_num'])])
+    data_rng = np.random.default_rng()
+    data_rng.bit_generator.state = states[rank]['data']
+    torch.set_rng_state(states[rank]['torch'])
+    if device.startswith('cuda') and states[rank].get('cuda') is not None:
+        torch.cuda.set_rng_state(states[rank]['cuda'], device)
+    return data_rng
+
+
+class RunLog:
+    """log.jsonl: the records of the training that led to the checkpoint. A resumed run keeps the lines up to its
+    checkpoint and adds its own. The file is replaced with every checkpoint and at the end, and not in between: a
+    run that fails or is killed leaves it as it was (its progress is on stdout); so does a run that logs nothing.
+    Each checkpoint holds a copy (`lines`): after a kill between the two writes, the run that resumes it writes the
+    records the file lacks."""
+
+    def __init__(self, out_dir, resumed=None):
+        """`resumed`: the checkpoint this run continues, or None."""
+        self.path, self.lines, self.changed = os.path.join(out_dir, 'log.jsonl'), [], False
+        if resumed is not None and os.path.exists(self.path):
+            with open(self.path) as f:
+                self.lines = [line for line in f if _logged_iter(line) <= resumed['iter_num']]
+        copy = resumed.get('log') if resumed is not None else None  # older checkpoints have none
+        if copy is not None and copy != self.lines:  # killed between the checkpoint's write and the log's
+            self.lines, self.changed = copy, True
+
+    def add(self, record):
+        self.lines.append(json.dumps(record) + '\n')
+        self.changed = True
+
+    def write(self, then="run again"):
+        """log.jsonl replaced whole (atomically) if it changed; `then` as atomic_write's."""
+        if self.changed:
+            atomic_write(self.path, lambda f: f.write(''.join(self.lines).encode()), then)
+        self.changed = False
+
+
+def _logged_iter(line):
+    """The iteration of a log line; inf for a line cut short by a crash, or anything else that is not a record."""
+    try:
+        return int(json.loads(line)['iter']) if line.endswith('\n') else math.inf
+    except (ValueError, TypeError, KeyError):
+        return math.inf
 
 
 def read_log(out_dir):

@@ -123,13 +123,14 @@ def _exec_config_file(path, config):
             and type(v).__name__ != 'module' and not (k in config and v is config[k])}
 
 
-def configure(namespace, argv=None, nullable=(), positional=None, extra=None):
+def configure(namespace, argv=None, nullable=(), positional=None, extra=None, given=None):
     """nanoGPT's configurator: the defaults are the plain values of `namespace` (a script's globals(), less
     _private and CAPITALS names); config files (path.py, exec'd), then --key=value override them in order, each
     checked by check_value (with `nullable`). Updates `namespace`, returns the config (checkpoints save it) and
     installs excepthook; -h or --help prints usage() and exits. `positional`: the key a bare word sets (prepare.py's
     dataset). `extra`: a dict that collects unknown keys instead of refusing them, each as the text of its
-    --key=<text> (sweep.py passes them on to train.py, which checks them)."""
+    --key=<text> (sweep.py passes them on to train.py, which checks them). `given`: a set that collects the keys
+    a config file or --key=value set (whatever their value)."""
     global _debug
     argv = sys.argv[1:] if argv is None else argv
     _debug = os.environ.get('NANOLIME_DEBUG', '') not in ('', '0') or any(
@@ -154,6 +155,8 @@ def configure(namespace, argv=None, nullable=(), positional=None, extra=None):
         else:
             try:
                 config[key] = check_value(key, value, defaults[key], nullable)
+                if given is not None:
+                    given.add(key)
             except UserError as e:
                 raise UserError(f"{e} ({where})") from None
 
@@ -237,7 +240,8 @@ def excepthook(etype, e, tb):
     if _debug:
         sys.__excepthook__(etype, e, tb)
         return
-    rank = int(os.environ.get('RANK', 0))
+    rank = os.environ.get('RANK', '')  # read as text: a bad RANK is reported by ddp_env, not here
+    rank = int(rank) if rank.isdigit() else 0
     first = (str(e).strip().splitlines() or [''])[0][:500]
     ddp = torch.distributed.is_available() and torch.distributed.is_initialized()
     if issubclass(etype, KeyboardInterrupt):
@@ -282,6 +286,71 @@ def catch_stop_signals(announce=True):
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     return received
+
+
+# ----------------------------------------------------------------------------- DDP: torchrun's environment
+# the variables torchrun sets in each process it starts (a rank of a distributed job); sweep.py unsets them all
+DDP_ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'GROUP_WORLD_SIZE', 'ROLE_RANK',
+           'ROLE_WORLD_SIZE', 'ROLE_NAME', 'MASTER_ADDR', 'MASTER_PORT')
+DDP_RANKS = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')  # a process is a DDP rank when these are set, one only when none is
+
+
+def ddp_env(env=None):
+    """(rank, local_rank, world_size) of a DDP rank as torchrun starts it, or None for a process of its own (none of
+    DDP_RANKS set, or set empty); read from `env` (os.environ). UserError naming the variable at fault: some of
+    DDP_RANKS set and not all (a shell that exported WORLD_SIZE would count ranks that do not exist), one that is no
+    integer, RANK not below WORLD_SIZE, MASTER_ADDR or MASTER_PORT (where the ranks meet) missing or no port."""
+    env = os.environ if env is None else env
+    given = [k for k in DDP_RANKS if env.get(k, '') != '']
+    if not given:
+        return None
+    fix = f"start DDP with torchrun (it sets {', '.join(DDP_RANKS)}, MASTER_ADDR and MASTER_PORT)"
+    if len(given) < len(DDP_RANKS):
+        missing = [k for k in DDP_RANKS if k not in given]
+        set_ = ', '.join(f'{k}={env[k]}' for k in given)
+        raise UserError(f"the DDP environment is half set: {' and '.join(missing)} "
+                        f"{'is' if len(missing) == 1 else 'are'} missing ({set_} {'is' if len(given) == 1 else 'are'} "
+                        f"set); {fix}, or unset {' and '.join(given)} for one process")
+    for k in DDP_RANKS:
+        if not env[k].isdigit():
+            raise UserError(f"{k}={env[k]!r} in the environment is not an integer >= 0; {fix}, or unset "
+                            f"{', '.join(DDP_RANKS)} for one process")
+    rank, local_rank, world_size = (int(env[k]) for k in DDP_RANKS)
+    if not rank < world_size:
+        raise UserError(f"RANK={rank} in the environment must be below WORLD_SIZE={world_size} (ranks count from 0); "
+                        f"{fix}")
+    if env.get('MASTER_ADDR', '') == '':
+        raise UserError(f"MASTER_ADDR is not set: the {world_size} DDP ranks meet at MASTER_ADDR:MASTER_PORT (the "
+                        f"address of rank 0's machine); {fix} (--standalone on one machine, --master_addr on several)")
+    port = env.get('MASTER_PORT', '')
+    if not (port.isdigit() and 0 < int(port) < 65536):
+        raise UserError(f"MASTER_PORT={port!r} in the environment is not a port (an integer from 1 to 65535): the "
+                        f"DDP ranks meet at MASTER_ADDR:MASTER_PORT; {fix} (--master_port on several machines)")
+    return rank, local_rank, world_size
+
+
+def start_ddp(device, rank, world_size):
+    """torch.distributed's process group of this rank on `device` (a resolved one: NCCL on CUDA, gloo on the CPU),
+    said first: it waits until all world_size ranks have joined (a rank that was never started is waited for until
+    torch's timeout, 10-30 minutes)."""
+    if device == 'mps':
+        raise UserError("DDP (torchrun) is not supported on MPS; use --device=cpu")
+    print(f"ddp: rank {rank} waits for all {world_size} ranks (WORLD_SIZE) to join at {os.environ['MASTER_ADDR']}:"
+          f"{os.environ['MASTER_PORT']} (MASTER_ADDR:MASTER_PORT); torchrun starts them together", flush=True)
+    torch.distributed.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
+    sys.excepthook = excepthook  # init_process_group wraps it, and the wrapper loses our one-line errors
+
+
+def wrap_ddp(model, device):
+    """`model` in DistributedDataParallel on `device` (a resolved one), without the broadcast of its buffers at every
+    forward: they (RoPE's tables) are the same on every rank."""
+    import inspect
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    # the option's name from torch 2.13 on; broadcast_buffers before, deprecated since
+    no_sync = 'forward_sync_buffers' if 'forward_sync_buffers' in inspect.signature(DDP).parameters else \
+        'broadcast_buffers'
+    index = [torch.device(device).index] if device.startswith('cuda') else None
+    return DDP(model, device_ids=index, **{no_sync: False})
 
 
 # ----------------------------------------------------------------------------- device and dtype
@@ -329,6 +398,6 @@ def autocast(device, dtype):
 PEAK_FLOPS = [('H100 PCIe', 756e12), ('H100 NVL', 835e12), ('H100', 989e12), ('H200', 989e12), ('A100', 312e12)]
 
 
-def peak_flops(device_name):
+def device_peak_flops(device_name):
     """The dense bf16 peak FLOP/s of a GPU from its name (torch.cuda.get_device_name), or None if unknown."""
     return next((flops for key, flops in PEAK_FLOPS if key in device_name), None)

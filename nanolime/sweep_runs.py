@@ -9,7 +9,6 @@ import re
 import runpy
 import sys
 
-from nanolime import checkpoint
 from nanolime.checkpoint import CKPT_NAME, load_checkpoint, read_log
 from nanolime.common import UserError
 from nanolime.data import data_id, dataset_dir, ends_data_id
@@ -172,32 +171,27 @@ def quiet_stdout():
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-class _Checked(Exception):
-    """Raised where train.py claims its out_dir: everything it can check is checked by then."""
-
-
 def check_options(train_py, variant_args, sweep_keys):
     """{variant: its runs' train.py config}, from train.py itself: run here with each variant's arguments
-    (variant_args: {variant: train.py's argv}, into a scratch out_dir), it checks them and is stopped where it
-    would claim its out_dir, before any work; UserError with its message if it refuses (an unknown key: the
-    closest of sweep_keys suggested)."""
-    configs, errors, argv, claim = {}, {}, sys.argv, checkpoint.on_rank_0
-
-    def stop(*args, **kwargs):  # train.py's config, read from the frame that calls it
-        raise _Checked(sys._getframe(1).f_globals['config'])
-    checkpoint.on_rank_0 = stop  # train.py imports it when run_path runs it: this stand-in
+    (variant_args: {variant: train.py's argv}) and --check_only=True, it checks them (the model and its optimizer
+    built), prints the config it would run with and exits before it claims its out_dir; UserError with its message
+    if it refuses (an unknown key: the closest of sweep_keys suggested)."""
+    configs, errors, argv = {}, {}, sys.argv
     try:
         for v, args in variant_args.items():
-            sys.argv = [train_py, *args]
+            sys.argv, out = [train_py, *args, '--check_only=True'], io.StringIO()
             try:
-                with contextlib.redirect_stdout(io.StringIO()):
+                with contextlib.redirect_stdout(out):
                     runpy.run_path(train_py, run_name='__main__')
-            except _Checked as checked:
-                configs[v] = json.loads(json.dumps(checked.args[0]))  # a copy, as the printed config was
+            except SystemExit as e:
+                if e.code not in (None, 0):
+                    raise
+                configs[v] = json.loads(out.getvalue().splitlines()[-1])  # its last line
+                configs[v].pop('check_only')  # the runs' own is False
             except UserError as e:
                 errors[v] = str(e)
     finally:
-        sys.argv, checkpoint.on_rank_0 = argv, claim
+        sys.argv = argv
     if errors:  # the first; named by its variant if another variant passed (then the problem is that one's)
         v, msg = next(iter(errors.items()))
         prefix = '' if len(errors) == len(variant_args) else f"variant {v}: "

@@ -253,3 +253,78 @@ def test_check_ranges_refuses_each_kind_of_option_out_of_range():
         with pytest.raises(common.UserError) as e:
             common.check_ranges({**good, **bad}, **kinds)
         assert str(e.value) == message
+
+
+# ----------------------------------------------------------------------------- DDP: torchrun's environment
+TORCHRUN = {'RANK': '1', 'LOCAL_RANK': '1', 'WORLD_SIZE': '2', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': '29500'}
+
+
+@pytest.mark.parametrize('env, want', [({}, None), ({'RANK': '', 'WORLD_SIZE': ''}, None),  # empty: as unset
+                                       (TORCHRUN, (1, 1, 2)), ({**TORCHRUN, 'RANK': '0', 'LOCAL_RANK': '0'}, (0, 0, 2))])
+def test_ddp_env_reads_torchrun_s_variables(env, want):
+    assert common.ddp_env(env) == want
+
+
+@pytest.mark.parametrize('env, message', [
+    ({'WORLD_SIZE': '2'}, "the DDP environment is half set: RANK and LOCAL_RANK are missing (WORLD_SIZE=2 is set); "
+                          "start DDP with torchrun (it sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and "
+                          "MASTER_PORT), or unset WORLD_SIZE for one process"),
+    ({'RANK': '0', 'WORLD_SIZE': '2'}, "the DDP environment is half set: LOCAL_RANK is missing"),
+    ({'RANK': '1'}, "the DDP environment is half set: LOCAL_RANK and WORLD_SIZE are missing (RANK=1 is set)"),
+    ({'LOCAL_RANK': '0', 'RANK': '0'}, "the DDP environment is half set: WORLD_SIZE is missing"),
+    ({'RANK': 'a'}, "the DDP environment is half set: LOCAL_RANK and WORLD_SIZE are missing (RANK=a is set)"),
+    ({**TORCHRUN, 'RANK': ''}, "the DDP environment is half set: RANK is missing"),  # left empty by a shell
+    ({**TORCHRUN, 'RANK': 'a'}, "RANK='a' in the environment is not an integer >= 0; start DDP with torchrun"),
+    ({**TORCHRUN, 'WORLD_SIZE': '-2'}, "WORLD_SIZE='-2' in the environment is not an integer >= 0"),
+    ({**TORCHRUN, 'LOCAL_RANK': '0x1'}, "LOCAL_RANK='0x1' in the environment is not an integer >= 0"),
+    ({**TORCHRUN, 'RANK': '2'}, "RANK=2 in the environment must be below WORLD_SIZE=2 (ranks count from 0)"),
+    ({**TORCHRUN, 'MASTER_ADDR': ''}, "MASTER_ADDR is not set: the 2 DDP ranks meet at MASTER_ADDR:MASTER_PORT"),
+    ({k: v for k, v in TORCHRUN.items() if k != 'MASTER_PORT'}, "MASTER_PORT='' in the environment is not a port"),
+    ({**TORCHRUN, 'MASTER_PORT': 'http'}, "MASTER_PORT='http' in the environment is not a port (an integer from 1 "
+                                          "to 65535)"),
+    ({**TORCHRUN, 'MASTER_PORT': '70000'}, "MASTER_PORT='70000' in the environment is not a port"),
+])
+def test_ddp_env_names_the_variable_at_fault(env, message):
+    """Each problem of the DDP environment is one UserError naming its variable (the world size and DDP come from
+    the same variables: a shell that exported WORLD_SIZE alone would count the tokens of ranks that do not exist)."""
+    with pytest.raises(common.UserError) as e:
+        common.ddp_env(env)
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_start_ddp_says_what_it_waits_for_before_it_waits(monkeypatch, capsys):
+    """WORLD_SIZE=2 with one process started: init_process_group waits for the missing rank until torch's timeout;
+    the line before it says so."""
+    for k, v in TORCHRUN.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(sys, 'excepthook', sys.excepthook)
+    seen = []
+    monkeypatch.setattr(torch.distributed, 'init_process_group',
+                        lambda backend: seen.append((backend, capsys.readouterr().out)))
+    common.start_ddp('cpu', 1, 2)
+    (backend, said), = seen
+    assert backend == 'gloo' and said == ("ddp: rank 1 waits for all 2 ranks (WORLD_SIZE) to join at 127.0.0.1:29500 "
+                                          "(MASTER_ADDR:MASTER_PORT); torchrun starts them together\n")
+    assert sys.excepthook is common.excepthook
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('script, args, rank', [('sample.py', ['--out_dir=/nonexistent'], 'a'),
+                                                ('prepare.py', ['nope_no_dataset'], '')])
+def test_a_bad_rank_does_not_break_the_error_line(script, args, rank):
+    """RANK=a, or RANK= left empty by a shell: any script's error is still its one line (the error hook reads RANK
+    only where it is a number); train.py's own error names the variable."""
+    p = run(script, *args, env={'RANK': rank})
+    line = fails(p)
+    assert not line.startswith('error: [rank')
+
+
+@pytest.mark.slow
+def test_a_bad_ddp_environment_is_one_line_in_a_process(data_dir, tmp_path):
+    p = run('train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={tmp_path}/out', '--max_iters=1',
+            env={**TORCHRUN, 'RANK': 'a'})
+    fails(p, "error: RANK='a' in the environment is not an integer >= 0")
+    p = run('train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={tmp_path}/out', '--max_iters=1',
+            env={'WORLD_SIZE': 2})
+    fails(p, 'the DDP environment is half set: RANK and LOCAL_RANK are missing (WORLD_SIZE=2 is set)', 'torchrun')
+    assert not os.path.exists(f'{tmp_path}/out')

@@ -449,8 +449,8 @@ def test_untied_llama_without_its_head_is_refused(tmp_path, data_dir):
     del sd['lm_head.weight']
     safetensors_torch.save_file(sd, f'{llama}/model.safetensors', metadata={'format': 'pt'})
     with pytest.raises(UserError, match=r"the Llama weights have no lm_head.weight, which its untied head \(tie_word_embeddings"):
-        script_here('train.py', *TINY, '--lime=False', f'--init_from=hf:{llama}', f'--data_dir={data_dir}',
-                    f'--out_dir={tmp_path}/out')
+        script_here('train.py', *[a for a in TINY if not a.startswith('--n_layer')], '--lime=False',
+                    f'--init_from=hf:{llama}', f'--data_dir={data_dir}', f'--out_dir={tmp_path}/out')
 
 
 def test_a_damaged_llama_folder_is_one_line_before_out_dir_is_claimed(tmp_path, data_dir):
@@ -474,3 +474,93 @@ def test_a_damaged_llama_folder_is_one_line_before_out_dir_is_claimed(tmp_path, 
             script_here('train.py', *TINY_RUN, f'--init_from=hf:{folder}', f'--data_dir={data_dir}',
                         f'--out_dir={tmp_path}/out-{name}')
         assert not os.path.exists(f'{tmp_path}/out-{name}'), name
+
+
+# ----------------------------------------------------------------------------- an import checked as our own runs are
+@pytest.mark.parametrize('key, value, message', [
+    ('rope_theta', 0, "config.json's rope_theta=0.0 must be > 0"),
+    ('rope_theta', -5e5, "config.json's rope_theta=-500000.0 must be a finite number >= 0"),
+    ('rope_theta', 'big', "config.json's rope_theta='big': expected float, got str"),
+    ('rope_theta', None, "config.json's rope_theta=None: expected float, got None"),
+    ('rms_norm_eps', -1e-5, "config.json's rms_norm_eps=-1e-05 must be a finite number >= 0"),
+    ('num_key_value_heads', 2.0, "config.json's num_key_value_heads=2.0: expected int, got float"),
+    ('hidden_size', '32', "config.json's hidden_size='32': expected int, got str"),
+    ('num_hidden_layers', 0, "config.json's num_hidden_layers=0 must be >= 1"),
+    ('model_type', 'absent', "config.json has no model_type (transformers writes 'llama' for a LlamaForCausalLM)"),
+], ids=lambda x: str(x)[:20])
+def test_a_llama_config_is_checked_as_train_py_checks_its_options(key, value, message, tmp_path, data_dir):
+    """config.json's values get train.py's checks (types, ranges) and messages, naming config.json's key: one line,
+    before anything is claimed."""
+    folder = make_llama(tmp_path / 'llama', data_dir)
+    config = json.load(open(f'{folder}/config.json'))
+    config.pop('rope_parameters')  # rope_theta read from the top level, as older transformers write it
+    if value == 'absent':
+        del config[key]
+    else:
+        config[key] = value
+    json.dump(config, open(f'{folder}/config.json', 'w'))
+    with pytest.raises(UserError) as e:
+        script_here('train.py', '--device=cpu', f'--init_from=hf:{folder}', f'--data_dir={data_dir}',
+                    f'--out_dir={tmp_path}/out')
+    assert str(e.value).startswith(f"init_from=hf:{folder}: {message}"), str(e.value)
+    assert not os.path.exists(f'{tmp_path}/out')
+
+
+def test_a_llama_with_a_nan_weight_is_refused_before_out_dir_is_claimed(tmp_path, data_dir):
+    llama = make_llama(tmp_path / 'llama', data_dir)
+    sd = safetensors_torch.load_file(f'{llama}/model.safetensors')
+    sd['model.layers.1.mlp.up_proj.weight'][3, 4] = float('nan')
+    safetensors_torch.save_file(sd, f'{llama}/model.safetensors', metadata={'format': 'pt'})
+    with pytest.raises(UserError, match=re.escape(
+            f"init_from=hf:{llama}: its weights hold non-finite values (NaN or inf) in model.layers.1.mlp.up_proj."
+            "weight; download or save the model again, or import another")):
+        script_here('train.py', '--device=cpu', '--lime=False', f'--init_from=hf:{llama}', f'--data_dir={data_dir}',
+                    f'--out_dir={tmp_path}/out')
+    assert not os.path.exists(f'{tmp_path}/out')
+
+
+def test_shape_options_beside_an_import_are_the_llama_s_or_refused(tmp_path, data_dir, capsys):
+    """The Llama's shape is the model's: a shape option given otherwise, on the command line or in a config file, is
+    refused in one line (the resume that the interrupted run prints would otherwise refuse it); given as the
+    Llama's, it is taken."""
+    llama = make_llama(tmp_path / 'llama', data_dir)  # 2 layers x 32, 2 heads, 1 KV head
+    args = ['--device=cpu', '--lime=False', f'--init_from=hf:{llama}', f'--data_dir={data_dir}',
+            f'--out_dir={tmp_path}/out', '--check_only=True']
+    with pytest.raises(UserError) as e:
+        script_here('train.py', *args, '--n_layer=3', '--n_kv_head=2')
+    assert str(e.value) == (f"init_from=hf:{llama} takes the model's shape from the Llama, and n_layer=3 (its 2), "
+                            "n_kv_head=2 (its 1) was given: leave them out (a config file's too), or give the Llama's")
+    config_file = tmp_path / 'wide.py'
+    config_file.write_text("n_embd = 64\n")
+    with pytest.raises(UserError, match=r"and n_embd=64 \(its 32\) was given: leave it out \(a config file's too\)"):
+        script_here('train.py', str(config_file), *args)
+    code, stdout, _ = script_here('train.py', *args, '--n_layer=2', '--n_embd=32', '--norm_eps=1e-5')
+    assert code == 0 and json.loads(stdout.splitlines()[-1])['n_kv_head'] == 1
+    assert not os.path.exists(f'{tmp_path}/out')
+
+
+def test_completep_or_the_paper_s_router_init_on_an_import_is_said_or_refused(tmp_path, data_dir):
+    """CompleteP from a depth_base other than the Llama's depth would scale its blocks: refused in one line (at its
+    depth it changes nothing, and is taken); LIMe's routers at the paper's init, or another variant, start the model
+    off the Llama's function: said in one line at the start."""
+    llama = make_llama(tmp_path / 'llama', data_dir)
+    args = ['--device=cpu', f'--init_from=hf:{llama}', f'--data_dir={data_dir}', f'--out_dir={tmp_path}/out',
+            '--check_only=True']
+    with pytest.raises(UserError) as e:
+        script_here('train.py', *args, '--lime=False', '--depth_scaling=completep', '--depth_base=4')
+    assert str(e.value) == (f"init_from=hf:{llama} with depth_scaling='completep' and depth_base=4 would scale each "
+                            "block's output of the 2-layer Llama by 4/2: the model would start from another function "
+                            "than the Llama's; use depth_base=2 (its depth, where CompleteP changes nothing) or "
+                            "depth_scaling='standard'")
+    notes = {}
+    for name, extra in {'completep': ['--lime=False', '--depth_scaling=completep', '--depth_base=2'],
+                        'identity': ['--lime=True', '--router_init=identity'], 'paper': ['--lime=True'],
+                        'attnres': ['--lime=False', '--attnres=full']}.items():
+        code, stdout, _ = script_here('train.py', *args, *extra)
+        assert code == 0, name
+        notes[name] = [line for line in stdout.splitlines() if line.startswith('note:')]
+    assert notes['completep'] == notes['identity'] == []
+    assert notes['paper'] == ["note: the model starts from the Llama's weights with LIMe's routers at "
+                              "router_init='paper', not the Llama's function (router_init='identity' starts as the "
+                              "Llama)"]
+    assert notes['attnres'] == ["note: the model starts from the Llama's weights with attnres='full' at its own init"]

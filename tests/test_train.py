@@ -141,12 +141,12 @@ def test_mfu_with_peak_flops(data_dir, tmp_path, run_here, capsys):
 
 def test_peak_flops_table():
     """Dense bf16 peaks by GPU name: the PCIe and NVL H100s are slower than the SXM one."""
-    assert common.peak_flops('NVIDIA H100 PCIe') == 756e12
-    assert common.peak_flops('NVIDIA H100 NVL') == 835e12
-    assert common.peak_flops('NVIDIA H100 80GB HBM3') == 989e12
-    assert common.peak_flops('NVIDIA H200') == 989e12
-    assert common.peak_flops('NVIDIA A100-SXM4-80GB') == 312e12
-    assert common.peak_flops('Tesla T4') is None
+    assert common.device_peak_flops('NVIDIA H100 PCIe') == 756e12
+    assert common.device_peak_flops('NVIDIA H100 NVL') == 835e12
+    assert common.device_peak_flops('NVIDIA H100 80GB HBM3') == 989e12
+    assert common.device_peak_flops('NVIDIA H200') == 989e12
+    assert common.device_peak_flops('NVIDIA A100-SXM4-80GB') == 312e12
+    assert common.device_peak_flops('Tesla T4') is None
 
 
 @pytest.mark.parametrize('optimizer', OPTIMIZERS)
@@ -304,7 +304,8 @@ def test_cuda_setup_reaches_model_placement(gpus, torchrun, want, data_dir, tmp_
     matmul = types.SimpleNamespace(allow_tf32=False)
     monkeypatch.setattr(torch.backends.cuda, 'matmul', matmul)
     if torchrun is not None:
-        for k, v in dict(RANK=torchrun, LOCAL_RANK=torchrun, WORLD_SIZE=2, LOCAL_WORLD_SIZE=2).items():
+        for k, v in dict(RANK=torchrun, LOCAL_RANK=torchrun, WORLD_SIZE=2, LOCAL_WORLD_SIZE=2, MASTER_ADDR='127.0.0.1',
+                         MASTER_PORT=29500).items():
             monkeypatch.setenv(k, str(v))
     args = [a for a in TINY if not a.startswith(('--device', '--total_batch_size'))]
     assert run_here('train.py', *args, f'--data_dir={data_dir}', f'--out_dir={tmp_path}', '--device=auto',
@@ -487,7 +488,7 @@ def test_bad_config_file(tmp_path, data_dir, run_here):
 
 def test_total_batch_size_per_number_of_ranks(data_dir, run_here, monkeypatch):
     """The 1B config's 2M-token batch divides among 8 GPUs, not among 3: the error says so before any work."""
-    for k, v in dict(RANK='0', LOCAL_RANK='0', WORLD_SIZE='3').items():  # rank 0 of 3, as torchrun starts it
+    for k, v in dict(RANK='0', LOCAL_RANK='0', WORLD_SIZE='3', MASTER_ADDR='127.0.0.1', MASTER_PORT='29500').items():
         monkeypatch.setenv(k, v)
     assert 'total_batch_size=2097152 is not a multiple of batch_size * block_size * world_size = 8 * 2048 * 3' in \
         error_of(run_here, 'train.py', os.path.join(REPO, 'config/train_fineweb_edu_1b.py'), f'--data_dir={data_dir}')
@@ -754,22 +755,74 @@ def test_attnres_query_lr_puts_the_pseudo_queries_in_their_own_group(data_dir, t
     assert {lr for lr, _, _ in peaks.values()} == {3e-3}  # everything else at learning_rate
 
 
-# --------------------------------------------------------------------------- the DDP environment: all of it or none
-@pytest.mark.parametrize('env, missing', [({'WORLD_SIZE': 2}, 'RANK and LOCAL_RANK'),
-                                          ({'RANK': 0, 'WORLD_SIZE': 2}, 'LOCAL_RANK'),
-                                          ({'RANK': 1}, 'LOCAL_RANK and WORLD_SIZE'),
-                                          ({'LOCAL_RANK': 0, 'RANK': 0}, 'WORLD_SIZE')])
-def test_a_half_set_ddp_environment_is_refused(env, missing, data_dir, tmp_path):
-    """World size and DDP come from the same variables, torchrun's three: some set and not all is one error (a shell
-    that exported WORLD_SIZE would otherwise count tokens of ranks that do not exist and halve the loss)."""
-    with pytest.raises(common.UserError, match=f"the DDP environment is half set: {missing} (is|are) missing"):
-        script_here('train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={tmp_path}/out', '--max_iters=1',
-                    env=env)
-    assert not os.path.exists(f'{tmp_path}/out')
+def test_check_only_prints_the_config_and_claims_nothing(data_dir, tmp_path, run_here, capsys):
+    """--check_only=True: every option checked (the model and its optimizer built too), the run's config printed as
+    JSON, exit 0 before out_dir is claimed (sweep.py checks its runs so); a refusal is the run's refusal."""
+    out = tmp_path / 'out'
+    assert run_here('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--check_only=True') == 0
+    config = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert config['n_layer'] == 2 and config['learning_rate'] == 3e-3 and config['check_only'] is True
+    assert not out.exists()
+    with pytest.raises(UserError, match="depth_scaling='completep' has AdamW's rules"):
+        run_here('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--check_only=True',
+                 '--depth_scaling=completep', '--depth_base=2', '--optimizer=muon')
+    assert not out.exists()
 
 
-@pytest.mark.slow
-def test_a_half_set_ddp_environment_is_one_line_in_a_process(data_dir, tmp_path):
-    p = run('train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={tmp_path}/out', '--max_iters=1',
-            env={'WORLD_SIZE': 2})
-    fails(p, 'the DDP environment is half set: RANK and LOCAL_RANK are missing (WORLD_SIZE=2 is set)', 'torchrun')
+# --------------------------------------------------------------------------- what the log says is what was trained
+def test_the_log_has_the_gradient_norm_before_clipping_and_whether_it_clipped(data_dir, tmp_path, run_here, capsys):
+    """grad_norm is the gradients' norm before clipping: at iter 1 (the same weights and batch in every run) it is
+    the same unclipped (grad_clip=0), clipped hard (1e-3: clipped, the norm far above it) and clipped loosely."""
+    norms, stdout = {}, {}
+    for clip in ('0.0', '1e-3', '1e9'):
+        out = str(tmp_path / clip)
+        assert run_here('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=3',
+                        '--lr_decay_iters=10', '--eval_interval=3', f'--grad_clip={clip}') == 0
+        stdout[clip], log = capsys.readouterr().out, read_log(out)
+        assert all({'grad_norm', 'clipped'} <= set(r) for r in log if 'loss' in r)
+        norms[clip] = [(r['grad_norm'], r['clipped']) for r in log if 'loss' in r]
+    first = norms['0.0'][0][0]
+    assert first > 1e-2 and all(math.isfinite(n) for n, _ in norms['0.0'])
+    assert norms['1e-3'][0][0] == pytest.approx(first, rel=1e-5) == norms['1e9'][0][0]
+    assert [c for _, c in norms['0.0']] == [False] * 3 == [c for _, c in norms['1e9']]
+    assert [c for _, c in norms['1e-3']] == [True] * 3
+    assert f"grad norm {first:.3f} (clipped), " in stdout['1e-3']
+    assert f"grad norm {first:.3f}, " in stdout['0.0'] and '(clipped)' not in stdout['0.0']
+
+
+def test_a_resume_with_other_optimizer_settings_applies_them_and_says_so(data_dir, tmp_path, run_here, capsys):
+    """Resumed with other optimizer options, the optimizer applies them (its groups are this run's: peak lrs,
+    weight decay, betas), stdout says so in one line, and the log, the checkpoint's config and the optimizer agree."""
+    out = str(tmp_path / 'out')
+    args = [*TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--lr_decay_iters=20', '--eval_interval=4']
+    assert run_here('train.py', *args, '--max_iters=4') == 0
+    capsys.readouterr()
+    assert run_here('train.py', *args, '--max_iters=6', '--init_from=resume', '--learning_rate=1e-3', '--min_lr=1e-4',
+                    '--router_lr=5e-3', '--weight_decay=0.5', '--beta2=0.9') == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if 'optimizer settings' in line]
+    assert lines == [f"resuming with other optimizer settings than {out}/ckpt.pt's, applied from iter 5 on: "
+                     "learning_rate 0.003 -> 0.001, min_lr 0.0003 -> 0.0001, router_lr 0.01 -> 0.005, "
+                     "weight_decay 0.1 -> 0.5, beta2 0.99 -> 0.9"]
+    ck, log = load(out), read_log(out)
+    assert (ck['config']['learning_rate'], ck['config']['weight_decay'], ck['config']['beta2']) == (1e-3, 0.5, 0.9)
+    want = 1e-4 + 0.5 * (1 + math.cos(math.pi * (6 - 5) / 15)) * (1e-3 - 1e-4)  # the new schedule at iter 6
+    assert log[-1]['iter'] == 6 and log[-1]['lr'] == pytest.approx(want)
+    adamw, = ck['optimizer']
+    peaks = {g['name']: g['peak_lr'] for g in adamw['param_groups']}
+    assert peaks.pop('router') == 5e-3 and set(peaks.values()) == {1e-3}
+    for g in adamw['param_groups']:
+        assert g['lr'] == pytest.approx(g['peak_lr'] * want / 1e-3) and g['betas'] == (0.9, 0.9)
+        assert g['weight_decay'] == (0.5 if g['name'] == 'decay' else 0.0)  # the routers and norms: none
+
+
+def test_a_resume_whose_optimizer_has_other_groups_is_refused_in_one_line(data_dir, tmp_path, run_here):
+    """attnres_query_lr set on resume gives the pseudo-queries a group of their own, which the checkpoint's optimizer
+    lacks: refused in one line before out_dir is touched, the checkpoint as it was."""
+    out = str(tmp_path / 'out')
+    args = [*TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--lr_decay_iters=20', '--attnres=block']
+    assert run_here('train.py', *args, '--max_iters=2') == 0
+    before = files(out)
+    with pytest.raises(UserError, match=r"cannot resume from .*/ckpt.pt: its optimizer's parameter groups differ from "
+                                        r"this run's \(.*\); use the checkpoint's settings or another out_dir"):
+        run_here('train.py', *args, '--max_iters=4', '--init_from=resume', '--attnres_query_lr=5e-3')
+    assert files(out) == before
