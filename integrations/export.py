@@ -1,18 +1,19 @@
 """
 Export a trained nanoLIMe model (out_dir/ckpt.pt) to a folder other code loads (needs requirements-hf.txt).
 
-$ python -m integrations.export --out_dir=out-shakespeare-char --to=hf-model
-$ python -m integrations.export --out_dir=out-lime --to=lime-authors --format=lime-authors
+$ python -m integrations.export --out_dir=out-shakespeare-char --export_dir=export-lime
+$ python -m integrations.export --out_dir=out-lime --export_dir=export-lime-authors --format=lime-authors
 
 format='hf': a folder transformers loads with AutoModelForCausalLM.from_pretrained(DIR): a baseline as a plain
 LlamaForCausalLM, LIMe and the other variants as remote code (trust_remote_code=True: model.py beside a thin
 wrapper). With the tokenizer: GPT-2's for the BPE datasets, one token per character for the character ones.
 format='lime-authors': the layout of the LIMe authors' code (corl-team/lime), for LIMe with the full router.
-The folder is written beside DIR and renamed into place when complete; an existing non-empty DIR is refused.
-See docs/export.md.
+The folder (export_dir) is written beside itself under a temporary name and renamed into place when complete; an
+existing non-empty one is refused. See docs/export.md.
 """
 import os
 import re
+import sys
 import json
 import shutil
 import tempfile
@@ -25,20 +26,24 @@ from nanolime.data import EOT
 
 # -----------------------------------------------------------------------------
 out_dir = 'out-shakespeare-char'  # where ckpt.pt is
-to = ''                    # the folder to write (must not exist, or be empty)
+export_dir = ''            # the folder to write (must not exist, or be empty)
 format = 'hf'              # 'hf' (transformers) or 'lime-authors' (the LIMe authors' layout)
 # -----------------------------------------------------------------------------
+for i, arg in enumerate(sys.argv):  # the flag's earlier name, which read like a format
+    if arg.startswith('--to='):
+        print("note: --to=DIR is now --export_dir=DIR (the folder to write); --to will be removed", file=sys.stderr)
+        sys.argv[i] = '--export_dir=' + arg[len('--to='):]
 configure(globals())
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: model.py and its siblings
 if format not in ('hf', 'lime-authors'):
     raise UserError(f"format={format!r}: expected 'hf' or 'lime-authors'")
-if not to:
-    raise UserError("to is empty: name the folder to write (--to=DIR)")
-if os.path.islink(to):  # the folder is renamed into place: onto a link it would fail, or replace the link
-    raise UserError(f"--to={to} is a link; name the folder itself (or a new one)")
-if os.path.exists(to) and not (os.path.isdir(to) and not os.listdir(to)):
-    raise UserError(f"--to={to} exists and is not an empty folder; choose a new one (or remove it)")
+if not export_dir:
+    raise UserError("export_dir is empty: name the folder to write (--export_dir=DIR)")
+if os.path.islink(export_dir):  # the folder is renamed into place: onto a link it would fail, or replace the link
+    raise UserError(f"--export_dir={export_dir} is a link; name the folder itself (or a new one)")
+if os.path.exists(export_dir) and not (os.path.isdir(export_dir) and not os.listdir(export_dir)):
+    raise UserError(f"--export_dir={export_dir} exists and is not an empty folder; choose a new one (or remove it)")
 try:
     import safetensors.torch
     import transformers  # noqa: F401  (the tokenizer files are written with it)
@@ -83,7 +88,7 @@ def alive(pid):
     return True
 
 
-parent, base = os.path.dirname(os.path.abspath(to)), os.path.basename(os.path.abspath(to))
+parent, base = os.path.dirname(os.path.abspath(export_dir)), os.path.basename(os.path.abspath(export_dir))
 tmp = None
 try:
     os.makedirs(parent, exist_ok=True)
@@ -103,8 +108,7 @@ try:
         files = [(n, n) for n in hf.SIBLINGS if os.path.isfile(os.path.join(HERE, n))] + hf.package_files(HERE)
         for path, name in files:
             shutil.copy(os.path.join(HERE, path), os.path.join(tmp, name))
-        with open(os.path.join(tmp, 'modeling_nanolime.py'), 'w') as f:
-            f.write(hf.modeling_source([name for _, name in files]))
+        shutil.copy(hf.MODELING, os.path.join(tmp, 'modeling_nanolime.py'))
     with open(os.path.join(tmp, 'generation_config.json'), 'w') as f:
         json.dump(generation, f, indent=2)
     note = ''
@@ -114,16 +118,16 @@ try:
         hf.char_tokenizer(tmp, meta)
     else:
         note = "; no tokenizer: the checkpoint has no vocabulary of a kind integrations/export.py knows"
-    if os.path.isdir(to):
-        os.rmdir(to)  # empty (checked above)
-    os.rename(tmp, to)
+    if os.path.isdir(export_dir):
+        os.rmdir(export_dir)  # empty (checked above)
+    os.rename(tmp, export_dir)
 except BaseException as e:
     if tmp is not None:
         shutil.rmtree(tmp, ignore_errors=True)
     if isinstance(e, OSError):  # a full or read-only disk, permissions
-        raise UserError(f"cannot write the export to --to={to}: {(e.strerror or str(e)).lower()}; nothing was left "
-                        "there: free some space (or fix the permissions), then run again") from None
+        raise UserError(f"cannot write the export to --export_dir={export_dir}: {(e.strerror or str(e)).lower()}; "
+                        "nothing was left there: free some space (or fix the permissions), then run again") from None
     raise
 kind = 'the authors\' LIMe layout' if format == 'lime-authors' else \
     'LlamaForCausalLM' if hf.is_llama(cfg) else 'remote code (trust_remote_code=True)'
-print(f"exported {out_dir} (iter {ckpt['iter_num']}) to {to}: {kind}{note}")
+print(f"exported {out_dir} (iter {ckpt['iter_num']}) to {export_dir}: {kind}{note}")

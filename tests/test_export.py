@@ -63,7 +63,7 @@ def runs(data_dir, tmp_path_factory):
 
 
 def export(out, to, *args):
-    code, stdout, _ = script_here('integrations/export.py', f'--out_dir={out}', f'--to={to}', *args)
+    code, stdout, _ = script_here('integrations/export.py', f'--out_dir={out}', f'--export_dir={to}', *args)
     assert code == 0
     return stdout
 
@@ -112,12 +112,45 @@ def test_export_loads_in_transformers_same_logits_and_greedy_tokens(name, runs, 
         # model.py and the relatives' package, each file byte for byte, the package flat: relatives/__init__.py
         # as relatives.py, relatives/<name>.py as <name>.py (transformers copies files found by relative import)
         package = sorted(n for n in os.listdir(os.path.join(REPO, 'relatives')) if n.endswith('.py'))
-        shipped = {'model.py': 'model.py', **{'relatives.py' if n == '__init__.py' else n: os.path.join('relatives', n)
-                                              for n in package}}
-        assert {n for n in files if n.endswith('.py')} == set(shipped) | {'modeling_nanolime.py'}
+        shipped = {'model.py': 'model.py', 'modeling_nanolime.py': os.path.join('integrations', 'modeling_nanolime.py'),
+                   **{'relatives.py' if n == '__init__.py' else n: os.path.join('relatives', n) for n in package}}
+        assert {n for n in files if n.endswith('.py')} == set(shipped)  # the wrapper a copy of the repository's
         for name, path in shipped.items():
             with open(os.path.join(to, name), 'rb') as a, open(os.path.join(REPO, path), 'rb') as b:
                 assert a.read() == b.read(), name
+
+
+def test_the_wrapper_is_a_module_of_the_repository_that_imports_where_an_export_puts_it(tmp_path):
+    """integrations/modeling_nanolime.py is code (no template): as a module of a package laid out as an export is
+    (model.py and the relatives flat beside it), it imports, and builds our model from a config of our options."""
+    import importlib
+    pkg = tmp_path / 'exported_pkg'
+    pkg.mkdir()
+    (pkg / '__init__.py').write_text('')
+    shutil.copy(os.path.join(REPO, 'model.py'), pkg)
+    shutil.copy(hf.MODELING, pkg)
+    for path, name in hf.package_files(REPO):
+        shutil.copy(os.path.join(REPO, path), pkg / name)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module('exported_pkg.modeling_nanolime')
+        config = module.NanoLIMeConfig(nanolime=dict(vocab_size=11, n_layer=2, n_head=2, n_embd=16, block_size=8,
+                                                         lime=True))
+        model = module.NanoLIMeForCausalLM(config)
+        assert type(model.model).__name__ == 'GPT' and model.model.config.lime is True
+        assert model(torch.zeros(1, 5, dtype=torch.long)).logits.shape == (1, 5, 11)
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [n for n in sys.modules if n.startswith('exported_pkg')]:
+            del sys.modules[name]
+
+
+def test_the_flag_s_earlier_name_still_works_with_a_notice(runs, tmp_path):
+    """--to was renamed --export_dir (a folder, where --to read like a format): --to=DIR still exports, saying so."""
+    code, stdout, stderr = script_here('integrations/export.py', f'--out_dir={runs("baseline-mha")}',
+                                       f'--to={tmp_path}/x')
+    assert code == 0 and os.path.isfile(f'{tmp_path}/x/config.json')
+    assert stderr.splitlines() == ["note: --to=DIR is now --export_dir=DIR (the folder to write); --to will be removed"]
 
 
 def test_pipeline_generates_with_remote_code(runs, tmp_path):
@@ -281,13 +314,13 @@ def test_refusals(runs, tmp_path, data_dir):
     ]
     for (out, *args), message in cases:
         with pytest.raises(UserError, match=message.replace('(', r'\(').replace(')', r'\)')):
-            script_here('integrations/export.py', f'--out_dir={out}', f'--to={tmp_path}/x', *args)
+            script_here('integrations/export.py', f'--out_dir={out}', f'--export_dir={tmp_path}/x', *args)
         assert not os.path.exists(f'{tmp_path}/x')
     full = tmp_path / 'full'
     full.mkdir()
     (full / 'keep.txt').write_text('mine')
     with pytest.raises(UserError, match='exists and is not an empty folder'):
-        script_here('integrations/export.py', f'--out_dir={lime}', f'--to={full}')
+        script_here('integrations/export.py', f'--out_dir={lime}', f'--export_dir={full}')
     assert os.listdir(full) == ['keep.txt']
     # import: not a Llama, an unsupported Llama, shapes that differ, another vocabulary
     export(lime, str(tmp_path / 'remote'))
@@ -318,7 +351,7 @@ def test_refusals(runs, tmp_path, data_dir):
 
 @pytest.mark.slow
 def test_refusal_is_one_line_in_a_process(runs, tmp_path):
-    p = run('integrations.export', f'--out_dir={runs("baseline-mha")}', f'--to={tmp_path}/x', '--format=lime-authors')
+    p = run('integrations.export', f'--out_dir={runs("baseline-mha")}', f'--export_dir={tmp_path}/x', '--format=lime-authors')
     assert p.returncode == 1 and p.stderr.startswith('error: ') and p.stderr.count('\n') == 1
 
 
@@ -327,10 +360,10 @@ def test_no_partial_folder_when_the_export_fails(runs, tmp_path, monkeypatch):
     def fail(*args):
         raise OSError(28, 'No space left on device')
     monkeypatch.setattr(hf, 'char_tokenizer', fail)
-    with pytest.raises(UserError, match=rf"^cannot write the export to --to={tmp_path}/x: no space left on device; "
+    with pytest.raises(UserError, match=rf"^cannot write the export to --export_dir={tmp_path}/x: no space left on device; "
                                         r"nothing was left there: free some space \(or fix the permissions\), then "
                                         "run again$"):
-        script_here('integrations/export.py', f'--out_dir={runs("lime-gqa")}', f'--to={tmp_path}/x')
+        script_here('integrations/export.py', f'--out_dir={runs("lime-gqa")}', f'--export_dir={tmp_path}/x')
     assert os.listdir(tmp_path) == []  # neither the folder nor its temp copy
 
 
@@ -339,8 +372,8 @@ def test_export_to_a_link_is_refused_and_a_killed_export_s_temp_folder_is_remove
     os.symlink(tmp_path / 'target', tmp_path / 'link')
     os.symlink(tmp_path / 'nowhere', tmp_path / 'dangling')
     for link in ('link', 'dangling'):
-        with pytest.raises(UserError, match=rf"--to={tmp_path}/{link} is a link; name the folder itself"):
-            script_here('integrations/export.py', f'--out_dir={runs("baseline-mha")}', f'--to={tmp_path}/{link}')
+        with pytest.raises(UserError, match=rf"--export_dir={tmp_path}/{link} is a link; name the folder itself"):
+            script_here('integrations/export.py', f'--out_dir={runs("baseline-mha")}', f'--export_dir={tmp_path}/{link}')
     # a temp folder of an export killed half-way (its process gone): the next export into that place removes it
     stale = tmp_path / '.x.export-999999999-abcd'
     stale.mkdir()
@@ -353,7 +386,7 @@ def test_export_without_transformers_is_one_line(runs, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, 'transformers', None)  # as if not installed
     with pytest.raises(UserError,
                        match=r"^integrations/export.py needs transformers: pip install -r requirements-hf.txt$"):
-        script_here('integrations/export.py', f'--out_dir={runs("lime-gqa")}', f'--to={tmp_path}/x')
+        script_here('integrations/export.py', f'--out_dir={runs("lime-gqa")}', f'--export_dir={tmp_path}/x')
     assert not os.path.exists(f'{tmp_path}/x')
 
 
