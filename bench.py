@@ -1,13 +1,15 @@
 """
 Speed and memory of LIMe next to the baseline and other cross-layer variants. Every variant starts
 from one seeded init (weights shared with the baseline are the baseline's), trains on the same batches
-and is timed in interleaved rounds (A B C A B C ...), so a busy machine slows all alike.
+and is timed in interleaved rounds (A B C A B C ...), so a busy machine slows all alike. Beside each time, the
+number of aten ops one step dispatches (forward and backward): a count, the same on a loaded machine.
 
 $ python bench.py                                  # small CPU config, about a minute on 2 cores
 $ python bench.py config/bench_1b.py               # the paper's 1B shapes (Table 9), one 80 GB GPU
 $ python bench.py --variants=baseline,lime,lime:dynamic,hc --settings=mha-eager,gqa-compiled --json=b.json
 $ python bench.py config/bench_depth_cpu.py         # LIMe's cost against depth: 8 to 64 layers, eager and compiled
 $ python bench.py config/bench_depth_cpu.py --variants=baseline,lime,attnres:block,mhc,mudd,moda --settings=mha-eager
+$ python bench.py config/bench_depth_cpu.py --settings=mha-eager --depths=16,64 --warmup=1 --iters=1  # op counts
 
 Profiles, decode speed and memory over depth: dev/bench_detail.py.
 """
@@ -54,6 +56,7 @@ dtype = 'float32'         # 'float32', 'bfloat16', 'float16' (autocast) or 'auto
 threads = 0               # torch.set_num_threads; 0 = PyTorch's default
 peak_flops = 0.0          # FLOP/s for MFU; 0 = from the GPU's name (none on CPU)
 json = ''                 # also write every record to this file
+count_ops = True          # also count the aten ops of one train step (forward + backward) under torch.profiler
 # -----------------------------------------------------------------------------
 
 MODES = {'eager': None, 'compiled': 'default', 'ro': 'reduce-overhead'}
@@ -129,6 +132,36 @@ def train_step(r, x, y, ctx, mode):
     r['opt'].step()
     r['opt'].zero_grad(set_to_none=True)
     return loss
+
+
+def aten_ops(fn):
+    """fn() -> (its result, {aten op name: calls}): every aten operator fn dispatches, nested calls
+    included (a matmul and the mm it calls count two), as torch.profiler records them. A count, not a
+    time: the same on a loaded machine as on an idle one."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = fn()
+    counts = {}
+    for event in prof.events():
+        if event.name.startswith('aten::'):
+            counts[event.name] = counts.get(event.name, 0) + 1
+    return out, counts
+
+
+def count_step_ops(r, x, y, ctx, mode):
+    """{aten op: calls} in one training step's forward and backward (the optimizer's step left out, and not
+    taken: the weights stay as they are). Compiled settings count the aten calls the compiled code still
+    makes (matmuls, attention), not its fused kernels."""
+    def step():
+        if mode == 'reduce-overhead':
+            torch.compiler.cudagraph_mark_step_begin()
+        with ctx:
+            _, loss = r['fwd'](x, y)
+        loss.backward()
+    r['opt'].zero_grad(set_to_none=True)
+    counts = aten_ops(step)[1]
+    r['opt'].zero_grad(set_to_none=True)
+    return counts
 
 
 def storage_key(t):
@@ -207,6 +240,7 @@ def run_setting(sname, n_kv, mode, names, shape, batches, dev, ctx, peak, save=l
                     r.clear()
         for r in live.values():
             r['mem'] = measure_memory(r, *batches[-1], dev, ctx, mode)
+            r['ops'] = sum(count_step_ops(r, *batches[-1], ctx, mode).values()) if count_ops else None
         gc.collect()
         gc.disable()  # no collector pauses inside timed steps
         try:
@@ -226,7 +260,7 @@ def run_setting(sname, n_kv, mode, names, shape, batches, dev, ctx, peak, save=l
                 step_ms_samples=[1e3 * t for t in r['times']], tok_s=batch_size * block_size / dt,
                 mfu=m.estimate_mfu(batch_size * block_size, dt, peak) if peak else None, mem_bytes=r['mem'],
                 mem_method='cuda_max_memory_allocated(step)' if dev.type == 'cuda' else 'saved_for_backward',
-                loss_last=r['loss']))
+                aten_ops=r['ops'], loss_last=r['loss']))
             del m, r['fwd'], r['opt']  # keep the numbers, free the model
         save(records)  # a benchmark stopped later keeps these
         if not interleave:  # compiled code and CUDA-graph pools may still hold the freed model
@@ -241,6 +275,9 @@ def run_setting(sname, n_kv, mode, names, shape, batches, dev, ctx, peak, save=l
             rec['step_ratio'] = statistics.median(r['times']) / statistics.median(base['times'])
             rec['step_ratio_paired'] = statistics.median(a / b for a, b in zip(r['times'], base['times']))
             rec['mem_ratio'] = r['mem'] / base['mem']
+            if count_ops:  # what the variant adds to the baseline's step, per layer
+                rec['ops_ratio'] = r['ops'] / base['ops']
+                rec['ops_added_per_layer'] = (r['ops'] - base['ops']) / shape['n_layer']
     return sorted(records, key=lambda rec: names.index(rec['variant']))
 
 
@@ -278,7 +315,8 @@ if __name__ == '__main__':
     print(f"bench: {', '.join(names)} | L={','.join(map(str, layer_list))} d={n_embd} H={n_head} V={vocab_size} B={batch_size} "
           f"T={block_size} {dtype} | {dev} threads={torch.get_num_threads()} | {warmup} + {iters} "
           f"{'interleaved' if interleave else 'sequential'} rounds\n{'L':>4} {'setting':>14} {'variant':>16} {'params':>12} "
-          f"{'ms/iter':>9} {'x base':>7} {'tok/s':>10} {'MFU':>6} {'mem MiB':>9} {'x base':>7} {'1st step s':>10}",
+          f"{'ms/iter':>9} {'x base':>7} {'tok/s':>10} {'MFU':>6} {'ops':>8} {'+ops/L':>7} {'mem MiB':>9} {'x base':>7} "
+          f"{'1st step s':>10}",
           flush=True)
     if any(mode for _, _, mode in setting_list):  # the compiler's one-off start (imports, worker processes),
         with fresh_cache():                          # not to be counted in the first variant's compile time
@@ -297,13 +335,18 @@ if __name__ == '__main__':
             for r in run_setting(*s, names, dict(shape, n_layer=L), batches, dev, ctx, peak, save):
                 records.append(r)
                 mfu = '-' if r.get('mfu') is None else f"{100 * r['mfu']:.1f}%"
+                ops = '-' if r.get('aten_ops') is None else r['aten_ops']
+                added = '-' if r.get('ops_added_per_layer') is None else f"{r['ops_added_per_layer']:.1f}"
                 print(f"{L:>4} {r['setting']:>14} {r['variant']:>16}  failed: {r['error']}" if 'error' in r else
                       f"{L:>4} {r['setting']:>14} {r['variant']:>16} {r['params']:>12,} {r['step_ms']:>9.2f} "
-                      f"{r.get('step_ratio', float('nan')):>7.3f} {r['tok_s']:>10,.0f} {mfu:>6} "
+                      f"{r.get('step_ratio', float('nan')):>7.3f} {r['tok_s']:>10,.0f} {mfu:>6} {ops:>8} {added:>7} "
                       f"{r['mem_bytes'] / 2**20:>9.1f} {r.get('mem_ratio', float('nan')):>7.3f} "
                       f"{r['first_step_s']:>10.1f}", flush=True)
     print("1st step s: the first train step, compilation included (compiled settings: the compile time, from "
           "empty caches)")
+    if count_ops:
+        print("ops: aten ops in one train step's forward and backward (torch.profiler; a count, not a time); "
+              "+ops/L: what the variant adds to the baseline's count, per layer")
     print("mem: " + ("peak allocated in one train step (weights, optimizer state, activations, gradients)" if
                      dev.type == 'cuda' else "bytes saved for backward (activations, not weights or optimizer state)"))
     if json:

@@ -2,13 +2,17 @@
 Where LIMe's time and memory go, next to the baseline: a developer's companion to bench.py. It takes
 bench.py's config keys and files (config/bench_*.py) and builds the variants from one init the same way.
 
-$ python dev/bench_detail.py config/bench_cpu_16x128.py                     # all three sections
+$ python dev/bench_detail.py config/bench_cpu_16x128.py                     # every section
 $ python dev/bench_detail.py config/bench_cpu_16x128.py --sections=profile  # top ops, LIMe minus baseline
 $ python dev/bench_detail.py --sections=memory --depths=4,8,16 --settings=mha-eager,mha-compiled
+$ python dev/bench_detail.py config/bench_depth_cpu.py --sections=ops --depths=16,64 --settings=mha-eager
 
 profile  torch.profiler over profile_steps train steps per variant, interleaved: the top ops by self
          time (device time on CUDA), then each variant's per-op difference to the baseline.
 decode   generate() tokens/s with and without the KV cache (greedy), each variant; eager settings only.
+ops      aten ops in one train step's forward and backward (torch.profiler), at each of `depths`: each
+         variant's count per layer, what it adds to the baseline's per layer, and the ops that add most.
+         A count, not a time: measured alike on a loaded machine.
 memory   bytes saved for backward (CPU) or the step's peak allocation (CUDA), as bench.py measures it,
          at each of `depths`, each variant over the baseline: LIMe's ratio should stay flat in depth.
 Not for timing comparisons: the profiler's own overhead differs between ops; bench.py measures those.
@@ -22,14 +26,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 import bench  # noqa: E402
-from bench import build_model, measure_memory, parse_settings, train_step  # noqa: E402
+from bench import build_model, count_step_ops, measure_memory, parse_settings, train_step  # noqa: E402
 from nanolime.common import UserError, autocast, configure, resolve_device, resolve_dtype  # noqa: E402
 
 # ----------------------------------------------------------------------------- config
 # bench.py's keys and defaults (model shape, variants, settings, device, ...), so its config files work here
 globals().update({k: v for k, v in vars(bench).items()
                   if not k.startswith('_') and (v is None or isinstance(v, (bool, int, float, str)))})
-sections = 'profile,decode,memory'
+sections = 'profile,decode,memory'  # and ops
 profile_steps = 3         # profiled train steps per variant (after `warmup` unprofiled ones)
 profile_top = 15          # ops listed per variant and in each difference
 decode_tokens = 256       # new tokens per generate() call
@@ -127,6 +131,24 @@ def decode_section(sname, n_kv):
         print(f"{name:>16} {cached:>12,.0f} {plain:>15,.0f} {cached / plain:>7.2f}x")
 
 
+def ops_section(sname, n_kv, mode):
+    print(f"\n[{sname}] aten ops per train step (forward and backward), per layer")
+    for L in layer_counts:
+        torch._dynamo.reset()
+        counts = {}
+        for name, model in variant_models(shape, n_kv_head=n_kv, n_layer=L).items():
+            r = runner(model, mode)
+            train_step(r, *batch(0), ctx, mode)  # the first step (compiles): not counted
+            counts[name] = count_step_ops(r, *batch(1), ctx, mode)
+        base = counts.get('baseline', {})
+        for name, ops in counts.items():
+            added = {op: (n - base.get(op, 0)) / L for op, n in ops.items()}
+            top = sorted(((n, op) for op, n in added.items() if n), reverse=True)[:profile_top] if base else []
+            print(f"{L:>4} layers {name:>16}: {sum(ops.values()) / L:8.1f} per layer" + (
+                f", {(sum(ops.values()) - sum(base.values())) / L:+.1f} over the baseline: "
+                + ' '.join(f"{op[6:]} {n:+.1f}" for n, op in top) if base and name != 'baseline' else ''))
+
+
 def memory_section(sname, n_kv, mode):
     what = 'peak MiB in one step' if dev.type == 'cuda' else 'MiB saved for backward'
     print(f"\n[{sname}] memory ({what}; x = over the baseline at the same depth)")
@@ -158,8 +180,8 @@ def memory_section(sname, n_kv, mode):
 configure(globals())
 names = [v.strip() for v in variants.split(',') if v.strip()]
 chosen = [s.strip() for s in sections.split(',') if s.strip()]
-if not chosen or any(s not in ('profile', 'decode', 'memory') for s in chosen):
-    raise UserError(f"--sections={sections!r}: use a comma list of profile, decode and memory")
+if not chosen or any(s not in ('profile', 'decode', 'ops', 'memory') for s in chosen):
+    raise UserError(f"--sections={sections!r}: use a comma list of profile, decode, ops and memory")
 if not names:
     raise UserError("--variants is empty (e.g. --variants=baseline,lime)")
 if depths and not all(d.strip().isdigit() and int(d) > 0 for d in depths.split(',')):
@@ -182,5 +204,7 @@ for sname, n_kv, mode in setting_list:
         profile_section(sname, n_kv, mode)
     if 'decode' in chosen and not mode:  # decoding runs eager
         decode_section(sname, n_kv)
+    if 'ops' in chosen:
+        ops_section(sname, n_kv, mode)
     if 'memory' in chosen:
         memory_section(sname, n_kv, mode)

@@ -22,7 +22,8 @@ TINY = ['--n_layer=2', '--n_embd=32', '--n_head=4', '--vocab_size=64', '--block_
         '--warmup=1', '--iters=2', '--threads=1', '--device=cpu']
 SHAPE = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, mlp_hidden=None)
 FIELDS = ['setting', 'variant', 'n_layer', 'first_step_s', 'n_kv_head', 'compile', 'params', 'flops_per_token', 'step_ms', 'step_ms_samples',
-          'tok_s', 'mfu', 'mem_bytes', 'mem_method', 'loss_last', 'step_ratio', 'step_ratio_paired', 'mem_ratio']
+          'tok_s', 'mfu', 'mem_bytes', 'mem_method', 'loss_last', 'step_ratio', 'step_ratio_paired', 'mem_ratio',
+          'aten_ops', 'ops_ratio', 'ops_added_per_layer']
 
 
 def run(*args, script='bench.py', code=None):
@@ -66,6 +67,13 @@ def test_json_table_and_ratios(tmp_path):
     assert table['baseline'][2] == '1.000' and table['baseline'][-2] == '1.000'  # x base columns
     assert float(table['hc'][-2]) == pytest.approx(by[('mha-eager', 'hc')]['mem_ratio'], abs=1e-3)
     assert float(table['lime'][-1]) == pytest.approx(by[('mha-eager', 'lime')]['first_step_s'], abs=0.06)
+    for variant, fields in table.items():  # the op count and what it adds per layer, after the MFU column
+        r = by[('mha-eager', variant)]
+        assert fields[5:7] == [str(r['aten_ops']), f"{r['ops_added_per_layer']:.1f}"]
+        assert r['ops_added_per_layer'] == (0 if variant == 'baseline' else pytest.approx(
+            (r['aten_ops'] - by[('mha-eager', 'baseline')]['aten_ops']) / 2))
+    assert by[('mha-eager', 'hc')]['ops_added_per_layer'] > by[('mha-eager', 'lime')]['ops_added_per_layer'] > 0
+    assert 'ops: aten ops in one train step' in p.stdout
     assert 'mem: bytes saved for backward' in p.stdout and f'wrote {out}' in p.stdout
 
 
@@ -256,6 +264,33 @@ def test_every_variant_starts_from_the_baseline_init(variant):
         assert torch.equal(own[k], v), k
 
 
+# ----------------------------------------------------------------------------- op counts
+def test_aten_ops_counts_every_call():
+    x = torch.ones(3)
+    for n in (1, 3):
+        out, counts = bench.aten_ops(lambda: [x.add(1) for _ in range(n)])
+        assert len(out) == n and counts['aten::add'] == n
+    _, counts = bench.aten_ops(lambda: torch.ones(2, 3) @ torch.ones(3, 4))
+    assert counts['aten::matmul'] == 1 and counts['aten::mm'] == 1  # nested calls count too
+
+
+def test_step_op_count_follows_the_model():
+    """One train step's forward and backward: the same count twice (a count, not a time), more with a layer
+    more, more with LIMe's routers; the weights are left as they were (no optimizer step)."""
+    x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(0))
+    counts = {}
+    for variant, L in (('baseline', 2), ('baseline', 3), ('lime', 3)):
+        m = bench.build_model(variant, dict(SHAPE, n_layer=L), 0, 'cpu')
+        r = dict(model=m, fwd=m, opt=m.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.95), 'cpu'))
+        before = {k: v.clone() for k, v in m.state_dict().items()}
+        counts[variant, L] = [sum(bench.count_step_ops(r, x, x, torch.autocast('cpu', enabled=False), None).values())
+                              for _ in range(2)]
+        assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+        assert all(p.grad is None for p in m.parameters())
+    assert all(a == b for a, b in counts.values()), counts
+    assert counts['baseline', 2][0] < counts['baseline', 3][0] < counts['lime', 3][0], counts
+
+
 # ----------------------------------------------------------------------------- memory measures
 def test_saved_tensor_bytes_counts_a_known_tensor():
     x = torch.randn(1000, requires_grad=True)
@@ -315,7 +350,7 @@ def test_bench_detail_all_sections():
 def test_bench_detail_bad_section():
     p = run('--sections=profil', script='dev/bench_detail.py')
     assert p.returncode == 1 and p.stderr.strip().splitlines() == [
-        "error: --sections='profil': use a comma list of profile, decode and memory"]
+        "error: --sections='profil': use a comma list of profile, decode, ops and memory"]
 
 
 @pytest.mark.slow
