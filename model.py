@@ -2,11 +2,11 @@
 nanoLIMe model: a Llama-style GPT with an optional LIMe router.
 
 With lime=False this is a plain pre-norm Llama: RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query
-attention, tied embeddings, no biases. LIMe (Layer-Integrated Memory, arXiv 2502.09245) changes one thing:
-every attention layer keeps its own queries but builds its keys and values as a learned mixture of the keys
-and values of all layers so far, read from the stacked KV (eq. 2). Everything LIMe-specific is in the section
-marked "LIMe" below, in the order a reader follows it: the Router, eq. (2) as written (route_reference), then
-the same sum as the model computes it (KVStack, route), and the one marked call in Attention.forward.
+attention, tied embeddings, no biases. LIMe (Layer-Integrated Memory, arXiv 2502.09245) changes one thing: every
+attention layer keeps its own queries but builds its keys and values as a learned mixture of the keys and values of
+all layers so far, read from the stacked KV (eq. 2). Everything LIMe-specific is in the section marked "LIMe" below,
+in the order a reader follows it: the Router, eq. (2) as written (route_reference), then the same sum as the model
+computes it (KVStack, route, and RouteSum, a speed-up, last), and the one marked call in Attention.forward.
 
 This file imports nothing of the project. The cross-layer relatives LIMe is compared with (Hyper-Connections,
 mHC, DenseFormer, Attention Residuals, MUDDFormer, MoDA) extend it from outside, in relatives/.
@@ -82,10 +82,9 @@ class RoPE(nn.Module):
 
 
 # ----------------------------------------------------------------------------- LIMe
-# The one change LIMe makes to the baseline (Attention.forward): a layer's keys and values are a learned
-# mixture of the keys and values of every layer so far (eq. 2), read from the stacked KV, instead of its own.
-# Sources are ordered layer-major everywhere: source s = j * n_kv_head + h is KV head h of layer j. Each layer
-# appends its (H_kv, 2, B, T, d_h) [k; v], heads outermost, to the KVStack that GPT.forward passes down.
+# The one change LIMe makes to the baseline (Attention.forward): a layer's keys and values are a learned mixture of
+# every layer's so far (eq. 2), read from the stacked KV, instead of its own. Source s = j * n_kv_head + h is KV
+# head h of layer j; each layer appends its (H_kv, 2, B, T, d_h) [k; v] to the KVStack GPT.forward passes down.
 
 def router_layers(router, layer):
     """The layers whose keys and values layer `layer` may read, for each router variant."""
@@ -146,10 +145,8 @@ class Router(nn.Module):
 
     def forward(self, x, kv_stack):  # x: this layer's input (B, T, d); kv_stack: every layer's [k; v] so far
         kv = kv_stack.read(self)
-        if self.dynamic is not None:  # R(x_t) = R + delta(x_t), per token: a broadcast product over the
-            # sources (not einsum, which would save a permuted copy of every source at every layer)
-            B, T, _ = x.shape
-            delta = self.dynamic(x).view(B, T, self.n_kv, -1)
+        if self.dynamic is not None:  # R(x_t) = R + delta(x_t): a broadcast product (einsum saves permuted copies)
+            delta = self.dynamic(x).view(*x.shape[:2], self.n_kv, -1)  # (B, T, H, S)
             for w, source in zip(delta.split(self.n_kv, dim=-1), self.layers):  # a source layer's columns
                 w = w.permute(2, 3, 0, 1)[:, :, None, ..., None]  # (H, H_src, 1, B, T, 1)
                 src = kv_stack.sources[source]  # (H_src, 2, B, T, d_h)
@@ -158,86 +155,82 @@ class Router(nn.Module):
 
 
 def route_reference(router, sources):
-    """eq. (2) as written: k~_h = sum_s R[h, s] k_s, and the same R for v.
-
-    router: (H_kv, S), or per token (B, T, H_kv, S); sources: (S, 2, B, T, d_h), the stacked
-    KV; returns (H_kv, 2, B, T, d_h). Readable, but every layer would keep its own copy of
-    the stack for backward (O(L^2) memory); KVStack computes the same thing in O(L). The tests
-    and the study tools use this."""
+    """eq. (2) as written: k~_h = sum_s R[h, s] k_s, and the same R for v. router: (H_kv, S), or per token
+    (B, T, H_kv, S); sources: (S, 2, B, T, d_h), the stacked KV; returns (H_kv, 2, B, T, d_h). Readable, but each
+    layer would keep its own copy of the stack for backward (O(L^2) memory); KVStack computes it in O(L)."""
     if router.dim() == 2:
         return torch.einsum("hs,scbtd->hcbtd", router, sources)
     return torch.einsum("bths,scbtd->hcbtd", router, sources)
 
 
 class KVStack:
-    """The stacked KV of one forward pass, and eq. (2) read from it.
-
-    With one group of all n_layer layers (route_group_size=n_layer) this is eq. (2) read left to right: each
-    layer appends its [k; v], then sums R[:, s] kv_s over every source so far (read(), route()), one matmul
-    per source layer: O(L^2) ops over the whole model.
-    The default, groups of m ~ sqrt(L) layers, computes the same sum in two phases. The static routers are
-    linear and known before the pass, so the sum over sources splits exactly by where a source lives:
-      phase 1: when a group starts, the completed groups' sources (each group concatenated once)
-               are routed for all m layers of the new group at once: their router rows stacked,
-               one matmul per completed group;
-      phase 2: each layer adds its own group's sources, one matmul per layer (route()).
-    Only the order of the additions changes. Each source is read once per later group instead of
-    once per later layer, and the ops fall from O(L^2) to O(L^2/m^2 + L*m)."""
+    """The stacked KV of one forward pass, and eq. (2) read from it. With one group of all n_layer layers
+    (route_group_size=n_layer) this is eq. (2) read left to right: each layer appends its [k; v], then sums
+    R[:, s] kv_s over every source so far (read(), route()). The default, groups of m ~ sqrt(L) layers, splits the
+    same sum exactly by where a source lives (the static routers are linear and known before the pass): phase 1,
+    when a group starts, routes the completed groups' sources for all m layers of the new group at once (their
+    router rows stacked); phase 2, each layer adds its own group's. A source is read once per later group."""
 
     def __init__(self, routers, group_size):
         self.routers, self.group_size = routers, group_size  # routers: every layer's Router (None at layer 0)
-        self.sources = []   # every layer's [k; v] so far, (H_kv, 2, B, T, d_h) each
-        self.groups = []    # every completed group's sources, concatenated: (m * H_kv, 2, B, T, d_h)
-        self.partial = None  # phase 1: the completed groups' part of eq. (2), one tensor per layer of this group
+        self.sources, self.partial, self.own = [], None, {}  # each layer's [k; v]; phase 1's sums; phase 2's weights
 
     def append(self, kv):
-        layer = len(self.sources)
+        layer, m = len(self.sources), self.group_size
         self.sources.append(kv)
-        if layer == 0 or layer % self.group_size:  # not a group's start
+        if layer % m:  # not a group's start
             return
-        routers = self.routers[layer:layer + self.group_size]  # layers >= 1: each has a Router
-        done = self.sources[layer - self.group_size:layer]  # a group just completed: its sources in one tensor
-        self.groups.append(done[0] if len(done) == 1 else torch.cat(done))
-        read = {source // self.group_size for r in routers for source in r.layers if source < layer}  # groups read
-        self.partial = None
-        if read:  # phase 1: this group's router rows over those groups' columns, all layers at once
-            # (consecutive groups for every variant; a group between them would only add zero columns)
-            first, last, width = min(read), max(read), self.group_size * kv.size(0)  # width: a group's sources
-            weight = torch.cat([r.matrix()[:, first * width:(last + 1) * width] for r in routers])
-            self.partial = route(weight, self.groups[first:last + 1]).split(kv.size(0))
+        routers = [r for r in self.routers[layer:layer + m] if r is not None]  # layer 0 has none
+        first = min([layer] + [s // m * m for r in routers for s in r.layers if s < layer])  # phase 1 reads from
+        cut = (layer - first) * kv.size(0)  # the completed layers' columns from there on: phase 1's
+        parts = [(r.matrix()[:, first * kv.size(0):] if first else r.matrix()).split(  # one op, backward one cat
+            [cut, (r.layer + 1 - layer) * kv.size(0)], dim=1) for r in routers]
+        self.own = {r.layer: own for r, (_, own) in zip(routers, parts)}  # phase 2: its own group's columns
+        self.partial = None if not cut else route(  # phase 1: the group's rows over the completed layers, at once
+            torch.cat([done for done, _ in parts]), self.sources[first:layer]).split(kv.size(0))
 
     def read(self, router):
         """k~, v~ of the router's layer: phase 2 (its own group) plus its rows of phase 1."""
         first = router.layer - router.layer % self.group_size  # the first layer of its group
-        own = next(i for i, source in enumerate(router.layers) if source >= first)  # where its own group starts
         partial = None if self.partial is None else self.partial[router.layer - first]
-        sources = [self.sources[source] for source in router.layers[own:]]
-        return route(router.weight[:, own * router.n_kv:], sources, partial)
+        return route(self.own[router.layer], self.sources[first:router.layer + 1], partial)
 
 
 def route_group_size(n_layer):
-    """Layers per group of KVStack's two-phase sum: about sqrt(L), within noise of the best group size
-    measured at 16, 32 and 64 layers (dev/route_groups.py)."""
+    """Layers per group of KVStack's two-phase sum: about sqrt(L) (dev/route_groups.py measures others)."""
     return max(1, round(math.sqrt(n_layer)))
 
 
 def route(weight, sources, out=None):
-    """eq. (2) for a static router, accumulated one group of sources at a time.
+    """eq. (2) for a static router: weight (H_out, S) over `sources`, a list of (H_src, 2, B, T, d_h), plus out, a
+    partial sum (H_out, 2, B, T, d_h). Only the sources, which every reader saves, are saved: O(L) memory."""
+    return RouteSum.apply(weight, out, *sources)
 
-    weight: (H_out, S), its columns in the order of `sources`: a list of (H_src, 2, B, T, d_h) tensors (one
-    layer's heads, or a group of layers' heads); out: a partial sum to add to, (H_out, 2, B, T, d_h). With the
-    head axis outermost, each group is a single matmul over all 2*B*T*d_h numbers (not one small matmul per
-    sequence), and every matmul reads a source tensor as it is, so all readers save that same tensor for
-    backward: memory stays O(L) in depth, eager and compiled."""
-    # split, not sliced per group: one op, whose backward is one cat (a slice's writes into a zeroed copy)
-    total = None
-    for w, src in zip(weight.split([src.size(0) for src in sources], dim=1), sources):
-        if total is None:
-            total = w @ src.flatten(1)
-        else:  # added in place: no copy of the running sum per group (autocast skips in-place ops: cast here)
-            total.addmm_(w.to(total.dtype), src.flatten(1).to(total.dtype))
-    total = total.view(-1, *sources[0].shape[1:])
-    return total if out is None else total.add_(out)  # `out` itself is a view we may not write to
+
+# ----------------------------------------------------------------------------- speed: route()'s sum by hand
+def concat(sources, dtype=None):  # (S, 2*B*T*d_h), in dtype: cast only where it differs (.to() is an op too)
+    x = torch.cat(sources) if len(sources) > 1 else sources[0]
+    return (x if dtype in (None, x.dtype) else x.to(dtype)).view(x.size(0), -1)
+
+
+class RouteSum(torch.autograd.Function):
+    """W @ [S_1; S_2; ...] (+ out), backward by hand: the same function (tested against route_reference and by
+    gradcheck) in one matmul each way instead of autograd's ~20 small ops per source. No concatenation is kept."""
+
+    @staticmethod
+    def forward(ctx, *inputs):  # one *args: dynamo cannot trace (weight, out, *sources) under no_grad
+        weight, out, *sources = inputs
+        ctx.save_for_backward(weight, *sources)
+        total = weight.mm(concat(sources)).view(-1, *sources[0].shape[1:])  # (H_out, 2, B, T, d_h), autocast's dtype
+        return total if out is None else total.add_(out)
+
+    @staticmethod
+    def backward(ctx, grad):  # grad: (H_out, 2, B, T, d_h); autograd casts each result to its input's dtype
+        weight, *sources = ctx.saved_tensors
+        shape, grad = grad.shape[1:], grad.reshape(grad.size(0), -1)
+        grad_weight = grad.mm(concat(sources, grad.dtype).t())
+        grad_sources = weight.to(grad.dtype).t().mm(grad).view(-1, *shape).split([s.size(0) for s in sources])
+        return (grad_weight, grad.view(-1, *shape) if ctx.needs_input_grad[1] else None, *grad_sources)
 
 
 # ----------------------------------------------------------------------------- end of LIMe

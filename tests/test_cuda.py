@@ -66,6 +66,19 @@ def test_bf16_autocast_matches_the_float32_reference(router, n_kv_head, monkeypa
         assert rel(g, ref_grads[name]) <= 0.05, (name, rel(g, ref_grads[name]))
 
 
+def test_rms_norm_reads_and_returns_float32_under_bf16_autocast():
+    """The residual stream stays float32 under bf16 autocast, so every RMSNorm reads float32 and returns it, as on
+    the CPU (tests/test_model.py): torch 2.12's float32 rms_norm for bf16 inputs under CUDA autocast (pytorch
+    issue 188955) finds no bf16 input here, and the model is the same under CI's torch and the GPU's."""
+    model, dtypes = build(lime=True, n_kv_head=2).to(DEV), []
+    for m in model.modules():
+        if isinstance(m, torch.nn.RMSNorm):
+            m.register_forward_hook(lambda m, args, out: dtypes.append((args[0].dtype, out.dtype)))
+    with torch.autocast('cuda', dtype=torch.bfloat16):
+        model(tokens(2, 16), tokens(2, 16))
+    assert dtypes == [(torch.float32, torch.float32)] * (2 * model.config.n_layer + 1)
+
+
 @pytest.mark.parametrize('n_kv_head', [4, 2], ids=['mha', 'gqa'])
 def test_two_phase_routing_matches_eq2_on_cuda(n_kv_head, monkeypatch):
     """KVStack's two-phase sum against eq. (2) as written (route_reference), in float32 on the GPU:
