@@ -6,7 +6,7 @@ stages; each stage runs within its budget plus whatever the stages before it lef
 report. The shares are set from its first run, on an H200 (docs/performance.md, "GPU: the first run").
 
 $ python dev/gpu_check.py --minutes=9                       # on the GPU machine: every stage, then the report
-$ python dev/gpu_check.py --minutes=9 --dry-run             # anywhere, in seconds: the stages, budgets, commands
+$ python dev/gpu_check.py --minutes=9 --dry_run             # anywhere, in seconds: the stages, budgets, commands
 $ python dev/gpu_check.py --minutes=5 --stages=table9,ddp   # a rerun of some stages in the time left
 
 The stages, in order (stage_list below), each one or more commands run as subprocesses:
@@ -52,7 +52,12 @@ def missing_requirements():
     return [{'xdist': 'pytest-xdist'}.get(n, n) for n in STAGE_NEEDS if importlib.util.find_spec(n) is None]
 
 
-if __name__ == '__main__' and missing_requirements():
+def dry_run_asked(argv):
+    """--dry_run (or its old spelling --dry-run) asked for: a plan needs torch only, not the stages' packages."""
+    return any(a in ('--dry-run', '--dry_run') or a.lower() in ('--dry_run=true', '--dry_run=1') for a in argv)
+
+
+if __name__ == '__main__' and not dry_run_asked(sys.argv[1:]) and missing_requirements():
     sys.exit(f"error: dev/gpu_check.py needs {', '.join(missing_requirements())}, not installed here: "
              "pip install -r requirements.txt")
 from nanolime.common import UserError, configure, device_peak_flops  # noqa: E402
@@ -63,7 +68,7 @@ out_dir = 'gpu-check'     # the reports, the benchmarks' JSON, logs/
 work_dir = ''             # checkpoints and prepared data; '' = a temporary directory, removed at the end
 minutes = 9.0             # the whole check's time: split over the stages run
 stages = 'all'            # 'all', or stage names or numbers, comma-separated: train,ddp or 2,4
-dry_run = False           # print the stages, their budgets and commands, and exit (also --dry-run)
+dry_run = False           # print the stages, their budgets and commands, and exit
 bench_1b_mode = 'auto'    # the 1B stage: 'eager', 'compiled', or 'auto' (compiled if its budget allows)
 # -----------------------------------------------------------------------------
 RESERVE_S = 30            # of the total, kept for starting up, the reports and stopping an overrunning command
@@ -121,8 +126,11 @@ def stage_list(out, work, table9_compiled=False):
 
 def plan(names, total_minutes):
     """{stage name: budget in seconds}: the total less RESERVE_S, split over the named stages by SHARES."""
+    if not math.isfinite(total_minutes):
+        raise UserError(f"minutes={total_minutes} is not a number of minutes: give the time the GPU is lent for, "
+                        "e.g. --minutes=9")
     usable = total_minutes * 60 - RESERVE_S
-    if not (math.isfinite(total_minutes) and usable >= MIN_STAGE_S * len(names)):
+    if usable < MIN_STAGE_S * len(names):
         raise UserError(f"minutes={total_minutes} is too little: {len(names)} stage(s) need at least "
                         f"{(RESERVE_S + MIN_STAGE_S * len(names)) / 60:.2f} minutes")
     weight = sum(SHARES[n] for n in names)
@@ -490,6 +498,9 @@ def select(defs, spec):
 
 
 def main():
+    if '--dry-run' in sys.argv[1:]:
+        print("note: --dry-run is the old spelling of --dry_run (every option is --key=value); it still works",
+              file=sys.stderr)
     argv = ['--dry_run' if a == '--dry-run' else a for a in sys.argv[1:]]
     configure(globals(), argv=argv)
     if bench_1b_mode not in ('auto', 'eager', 'compiled'):
@@ -517,7 +528,7 @@ def main():
     import torch
     if not torch.cuda.is_available():
         raise UserError("no CUDA GPU here (torch.cuda.is_available() is False): this check runs on a GPU machine; "
-                        "--dry-run lists its stages anywhere")
+                        "--dry_run lists its stages anywhere")
     writable_dir(out, 'out_dir')
     lock_dir(out, 'out_dir')
     work = work or tempfile.mkdtemp(prefix='gpu-check-')

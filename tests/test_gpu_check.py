@@ -1,4 +1,4 @@
-"""dev/gpu_check.py on the CPU: its plan (--dry-run), the split of --minutes over the stages and the skip of a
+"""dev/gpu_check.py on the CPU: its plan (--dry_run), the split of --minutes over the stages and the skip of a
 stage whose time is gone (with a fake clock), its config file, and how it runs stages and reports, with
 stand-in stages of plain python commands: a stage that fails or runs over is recorded (one that runs over is
 stopped, children and all) and the next one runs. The real stages need a GPU: tests/test_cuda.py, and the
@@ -28,8 +28,8 @@ STAGES = ['cuda-tests', 'train', 'table9', 'ddp']
 
 
 def dry_run(*args):
-    """The plan printed by --dry-run: its text, and [(number, name, seconds, [(label, seconds, command)])]."""
-    code, out, err = script_here('dev/gpu_check.py', '--dry-run', *args)
+    """The plan printed by --dry_run: its text, and [(number, name, seconds, [(label, seconds, command)])]."""
+    code, out, err = script_here('dev/gpu_check.py', '--dry_run', *args)
     assert code == 0 and not err
     blocks = re.split(r'^(\d) (\S+)  (\d+) s  .*$', out, flags=re.M)[1:]
     return out, [(int(n), name, int(s), [(label, int(t), cmd) for label, t, cmd in
@@ -38,7 +38,7 @@ def dry_run(*args):
 
 
 def test_dry_run_lists_the_stages_with_budgets_within_the_total(monkeypatch):
-    """--minutes=9 --dry-run: the four stages in order, their budgets adding up to at most 9 minutes, each
+    """--minutes=9 --dry_run: the four stages in order, their budgets adding up to at most 9 minutes, each
     command one of this repository; in seconds, running nothing and leaving CUDA alone."""
     def nothing(*args, **kwargs):
         raise AssertionError(f"the dry run ran {args}")
@@ -73,6 +73,9 @@ def test_the_minutes_are_split_over_the_stages_by_their_shares():
                    for n in STAGES)
     assert gpu_check.plan(['ddp', 'table9'], 8) == pytest.approx(  # a rerun of some: the minutes are theirs
         {'ddp': 450 * 0.08 / 0.20, 'table9': 450 * 0.12 / 0.20})
+    for bad in (float('inf'), float('nan')):  # not "too little"
+        with pytest.raises(common.UserError, match=rf"^minutes={bad} is not a number of minutes: give the time"):
+            gpu_check.plan(STAGES, bad)
     with pytest.raises(common.UserError, match=r"minutes=0.5 is too little: 4 stage\(s\) need at least 1.17"):
         gpu_check.plan(STAGES, 0.5)
     # the 1B stage compiles where its budget allows four compiles of a 1B model, and runs eager otherwise
@@ -87,7 +90,7 @@ def test_stages_selects_some_and_names_the_valid_ones_when_wrong():
     _, stages = dry_run('--minutes=4', '--stages=ddp,2')
     assert [(n, name) for n, name, *_ in stages] == [(2, 'train'), (4, 'ddp')]  # in the check's order
     assert sum(s for _, _, s, _ in stages) <= 4 * 60
-    p = run('dev/gpu_check.py', '--dry-run', '--stages=train,x')
+    p = run('dev/gpu_check.py', '--dry_run', '--stages=train,x')
     assert p.returncode == 1 and p.stderr.strip().splitlines() == [
         "error: stages='train,x': unknown x; use 'all' or names or numbers from: 1 cuda-tests, 2 train, 3 table9, "
         "4 ddp"]
@@ -141,25 +144,39 @@ def test_a_stage_whose_time_is_gone_is_skipped_and_the_report_is_written_after_e
 
 @pytest.mark.slow
 def test_a_machine_with_torch_alone_is_told_what_to_install():
-    """A fresh GPU machine often has torch and nothing else: one line naming what is missing and the command."""
-    hide = ("import runpy, sys\nsys.modules['numpy'] = sys.modules['tiktoken'] = None  # not installed\n"
-            "sys.argv = ['dev/gpu_check.py', '--dry-run']\nrunpy.run_path('dev/gpu_check.py', run_name='__main__')\n")
-    p = run([sys.executable, '-c', hide])
+    """A fresh GPU machine often has torch and nothing else: one line naming what is missing and the command. The
+    plan (--dry_run, either spelling) needs torch alone."""
+    hide = ("import runpy, sys\nsys.modules['numpy'] = sys.modules['tiktoken'] = sys.modules['xdist'] = None\n"
+            "sys.argv = ['dev/gpu_check.py', *sys.argv[1:]]\nrunpy.run_path('dev/gpu_check.py', run_name='__main__')\n")
+    p = run([sys.executable, '-c', hide, '--minutes=9'])
     assert p.returncode == 1 and p.stderr.strip().splitlines() == [
-        "error: dev/gpu_check.py needs numpy, tiktoken, not installed here: pip install -r requirements.txt"]
+        "error: dev/gpu_check.py needs numpy, tiktoken, pytest-xdist, not installed here: "
+        "pip install -r requirements.txt"]
+    for flag in ('--dry_run', '--dry-run'):
+        p = run([sys.executable, '-c', hide, flag])
+        assert p.returncode == 0 and '1 cuda-tests' in p.stdout, p.stderr
 
 
 def test_bad_options_and_no_gpu_stop_before_any_work(tmp_path):
     for args, message in [(['--stages=2,train,x'], "stages='2,train,x': unknown x; use 'all' or names or numbers"),
                           (['--minutes=0.1'], "minutes=0.1 is too little"),
+                          (['--minutes=1e999'], "minutes=inf is not a number of minutes: give the time the GPU is "
+                                                "lent for, e.g. --minutes=9"),
                           (['--bench_1b_mode=fast'], "bench_1b_mode='fast': use 'auto', 'eager' or 'compiled'")]:
         with pytest.raises(common.UserError) as e:
-            script_here('dev/gpu_check.py', '--dry-run', *args)
+            script_here('dev/gpu_check.py', '--dry_run', *args)
         assert str(e.value).startswith(message)
     if not torch.cuda.is_available():
-        with pytest.raises(common.UserError, match=r"no CUDA GPU here .*--dry-run lists its stages"):
+        with pytest.raises(common.UserError, match=r"no CUDA GPU here .*--dry_run lists its stages"):
             script_here('dev/gpu_check.py', f"--out_dir={tmp_path / 'out'}")
         assert not (tmp_path / 'out').exists()
+
+
+def test_the_old_spelling_of_dry_run_still_works_with_a_notice():
+    code, out, err = script_here('dev/gpu_check.py', '--dry-run', '--minutes=9')
+    assert code == 0 and out == dry_run('--minutes=9')[0]
+    assert err.splitlines() == ["note: --dry-run is the old spelling of --dry_run (every option is --key=value); "
+                                "it still works"]
 
 
 def alive(pid):
