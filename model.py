@@ -208,9 +208,9 @@ def route(weight, sources, out=None):
 
 
 # ----------------------------------------------------------------------------- speed: route()'s sum by hand
-def concat(sources, dtype=None):  # (S, 2*B*T*d_h), in dtype: cast only where it differs (.to() is an op too)
-    x = torch.cat(sources) if len(sources) > 1 else sources[0]
-    return (x if dtype in (None, x.dtype) else x.to(dtype)).view(x.size(0), -1)
+def concat(sources, dtype=None):  # (S, 2*B*T*d_h), cast only where the dtype differs (.to() is an op too)
+    x = torch.cat([src.view(src.size(0), -1) for src in sources])  # viewed first: not forward's cat
+    return x if dtype in (None, x.dtype) else x.to(dtype)
 
 
 class RouteSum(torch.autograd.Function):
@@ -221,14 +221,14 @@ class RouteSum(torch.autograd.Function):
     def forward(ctx, *inputs):  # one *args: dynamo cannot trace (weight, out, *sources) under no_grad
         weight, out, *sources = inputs
         ctx.save_for_backward(weight, *sources)
-        total = weight.mm(concat(sources)).view(-1, *sources[0].shape[1:])  # (H_out, 2, B, T, d_h), autocast's dtype
+        total = weight.mm(torch.cat(sources).flatten(1)).view(-1, *sources[0].shape[1:])  # (H_out, 2, B, T, d_h)
         return total if out is None else total.add_(out)
 
     @staticmethod
     def backward(ctx, grad):  # grad: (H_out, 2, B, T, d_h); autograd casts each result to its input's dtype
         weight, *sources = ctx.saved_tensors
         shape, grad = grad.shape[1:], grad.reshape(grad.size(0), -1)
-        grad_weight = grad.mm(concat(sources, grad.dtype).t())
+        grad_weight = grad.mm(concat(sources, grad.dtype).t())  # forward's cat, compiled, would be kept: O(L*m)
         grad_sources = weight.to(grad.dtype).t().mm(grad).view(-1, *shape).split([s.size(0) for s in sources])
         return (grad_weight, grad.view(-1, *shape) if ctx.needs_input_grad[1] else None, *grad_sources)
 
