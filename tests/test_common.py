@@ -257,10 +257,15 @@ def test_check_ranges_refuses_each_kind_of_option_out_of_range():
 
 # ----------------------------------------------------------------------------- DDP: torchrun's environment
 TORCHRUN = {'RANK': '1', 'LOCAL_RANK': '1', 'WORLD_SIZE': '2', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': '29500'}
+# README's multi-node line on its second machine: `torchrun --nnodes=2 --node_rank=1 --master_addr=10.0.0.1
+# --master_port=29500 --nproc_per_node=8 train.py ...`, its second process: rank 9 of 16, the machine's GPU 1
+SECOND_NODE = {'RANK': '9', 'LOCAL_RANK': '1', 'WORLD_SIZE': '16', 'LOCAL_WORLD_SIZE': '8', 'GROUP_RANK': '1',
+               'MASTER_ADDR': '10.0.0.1', 'MASTER_PORT': '29500'}
 
 
 @pytest.mark.parametrize('env, want', [({}, None), ({'RANK': '', 'WORLD_SIZE': ''}, None),  # empty: as unset
-                                       (TORCHRUN, (1, 1, 2)), ({**TORCHRUN, 'RANK': '0', 'LOCAL_RANK': '0'}, (0, 0, 2))])
+                                       (TORCHRUN, (1, 1, 2)), ({**TORCHRUN, 'RANK': '0', 'LOCAL_RANK': '0'}, (0, 0, 2)),
+                                       (SECOND_NODE, (9, 1, 16))])
 def test_ddp_env_reads_torchrun_s_variables(env, want):
     assert common.ddp_env(env) == want
 
