@@ -19,6 +19,12 @@ The stages, in order (stage_list below), each one or more commands run as subpro
                 step time and peak memory beside the paper's Table 9; eager unless the stage has the
                 minutes to compile four 1B models (bench_1b_mode)
   4 ddp         torchrun --standalone --nproc_per_node=1 train.py: DDP over NCCL, a tiny model
+  5 depth       bench.py config/bench_depth_gpu.py: baseline and LIMe at 32, 64 and 128 layers x 512, compiled,
+                bf16: step time and peak memory against depth (bench_depth.json)
+  6 grads       dev/grad_check.py: LIMe 8 x 1024, T 1024, bf16, every parameter's gradient compiled against
+                eager within a stated tolerance (TORCHINDUCTOR_MIX_ORDER_REDUCTION=0 the workaround if not)
+Stages 5 and 6 run only when named (--stages=depth,grads --minutes=N): compiling 128 layers alone takes
+minutes, so they do not fit a 9-minute check of all; 'all' is stages 1 to 4.
 Into out_dir: gpu_report.md (device, driver, torch, date, every stage's result and minutes),
 gpu_report.json (the same, with every number), the benchmarks' JSON and every command's output in logs/.
 Both reports are rewritten after each stage, so a check cut short leaves what it got; a rerun of some
@@ -77,7 +83,9 @@ MIN_STAGE_S = 10          # a stage with less time left than this is skipped
 # each stage's share of the total (less RESERVE_S), from the first run (an H200, torch 2.11, cold compile
 # caches): the CUDA tests took 164 s on 12 processes (the slowest test 85 s); the training stage's commands
 # about 225 s (LIMe's first step compiles for 25 s); the 1B stage, eager, 48 s; DDP 24 s
-SHARES = {'cuda-tests': 0.35, 'train': 0.45, 'table9': 0.12, 'ddp': 0.08}
+SHARES = {'cuda-tests': 0.35, 'train': 0.45, 'table9': 0.12, 'ddp': 0.08,
+          'depth': 0.6, 'grads': 0.4}  # the last two only when named: shares between themselves
+NAMED_ONLY = ('depth', 'grads')  # not in 'all' (a 9-minute check): --stages=depth,grads --minutes=N
 COMPILED_1B_S = 480       # bench_1b_mode='auto' compiles at the 1B shape only with this budget or more
 TRAIN_ITERS = 200         # the training stage's run; stopped at half and resumed for the exact-resume check
 # the paper's Table 9 (App. F; H100, PyTorch Inductor, default mode): step ms, train peak memory GB
@@ -120,6 +128,12 @@ def stage_list(out, work, table9_compiled=False):
                                   f"--out_dir={os.path.join(work, 'ddp')}", '--compile=False', '--n_layer=2',
                                   '--n_head=4', '--n_embd=128', '--max_iters=30', '--lr_decay_iters=30',
                                   '--warmup_iters=5', '--eval_interval=30', '--log_interval=5'], 0.85)]),
+        dict(name='depth', title='Cost against depth (config/bench_depth_gpu.py): 32, 64, 128 layers x 512, '
+                                 'compiled, bf16', summary=summarize_depth,
+             steps=[('bench', [py, 'bench.py', 'config/bench_depth_gpu.py',
+                               f"--json={os.path.join(out, 'bench_depth.json')}"], 1.0)]),
+        dict(name='grads', title='Compiled against eager gradients: LIMe 8 x 1024, T 1024, bf16 (dev/grad_check.py)',
+             summary=summarize_grads, steps=[('grad-check', [py, 'dev/grad_check.py'], 1.0)]),
     ]
     return [dict(d, number=k) for k, d in enumerate(defs, 1)]
 
@@ -314,6 +328,31 @@ def summarize_table9(out, work):
     return rows, lines, problems
 
 
+def summarize_depth(out, work):
+    """bench.py's records against depth: step time and peak memory, each beside the baseline's."""
+    data = read_json(os.path.join(out, 'bench_depth.json'))
+    if data is None:
+        return None, [], ["no results (bench_depth.json was not written)"]
+    lines, problems = ["| layers | variant | step ms | × baseline | peak GB | × baseline |", "|" + "---|" * 6], []
+    for r in data['records']:
+        if 'error' in r:
+            problems.append(f"{r.get('n_layer', '?')} layers {r['variant']}: {r['error']}")
+            continue
+        lines.append(f"| {r['n_layer']} | {r['variant']} | {r['step_ms']:.2f} | {fmt(r.get('step_ratio'))} | "
+                     f"{r['mem_bytes'] / 1e9:.2f} | {fmt(r.get('mem_ratio'))} |")
+    return data['records'], lines, problems
+
+
+def summarize_grads(out, work):
+    """dev/grad_check.py's verdict: its last lines (the worst errors, the parameters over the tolerance)."""
+    text = tail(os.path.join(out, 'logs', 'grads-grad-check.log'), 400)
+    over = re.search(r'^error: .*$', text, re.M)
+    ok = re.search(r'^ok: .*$', text, re.M)
+    problems = [over.group(0)[len('error: '):]] if over else [] if ok else ["dev/grad_check.py printed no verdict"]
+    head = re.search(r'^LIMe .*$', text, re.M)
+    return dict(ok=bool(ok)), [f"- {line}" for line in (head and head.group(0), ok and ok.group(0)) if line], problems
+
+
 def training_numbers(run_dir, warm):
     """From a train.py run's log: tokens/s and MFU (medians over the iterations logged after `warm`, so
     without compiling and warming up), the first and last logged loss, and the evaluations."""
@@ -486,7 +525,7 @@ def write_report(report, out):
 def select(defs, spec):
     """The stages named (or numbered, from 1) in spec, in their order; UserError naming the unknown."""
     if spec.strip() == 'all':
-        return defs
+        return [d for d in defs if d['name'] not in NAMED_ONLY]
     names = [s.strip() for s in spec.split(',') if s.strip()]
     known = {**{d['name']: d for d in defs}, **{str(k): d for k, d in enumerate(defs, 1)}}
     bad = [n for n in names if n not in known]
@@ -524,6 +563,15 @@ def main():
             total_share = sum(share for *_, share in s['steps'])
             for label, cmd, share in s['steps']:
                 print(f"    [{label}, {budgets[s['name']] * share / total_share:.0f} s] {shown(cmd)}")
+        rest = [s for s in stage_list(out, work or os.path.join(tempfile.gettempdir(), 'gpu-check-XXXX'))
+                if s['name'] in NAMED_ONLY and s['name'] not in budgets]
+        if rest:
+            print(f"Only when named (--stages={','.join(s['name'] for s in rest)} --minutes=N), as they do not fit "
+                  "a short check of all:")
+            for s in rest:
+                print(f"{s['number']} {s['name']}  {s['title']}")
+                for label, cmd, _ in s['steps']:
+                    print(f"    [{label}] {shown(cmd)}")
         return
     import torch
     if not torch.cuda.is_available():

@@ -93,7 +93,7 @@ def test_stages_selects_some_and_names_the_valid_ones_when_wrong():
     p = run('dev/gpu_check.py', '--dry_run', '--stages=train,x')
     assert p.returncode == 1 and p.stderr.strip().splitlines() == [
         "error: stages='train,x': unknown x; use 'all' or names or numbers from: 1 cuda-tests, 2 train, 3 table9, "
-        "4 ddp"]
+        "4 ddp, 5 depth, 6 grads"]
 
 
 class FakeClock:
@@ -299,3 +299,83 @@ def test_missing_requirements_names_only_what_the_stages_need(monkeypatch):
     missing = gpu_check.missing_requirements()
     assert {'numpy', 'tiktoken', 'pytest', 'pytest-xdist'} <= set(missing)
     assert 'datasets' not in missing and 'matplotlib' not in missing
+
+
+def test_the_named_only_stages_are_listed_with_their_commands_and_planned_when_named():
+    """depth and grads: after the four of 'all' in the plain dry run, with their commands, as run only when
+    named; named, they get the minutes, split by their shares, each command a file of this repository."""
+    out, stages = dry_run("--minutes=9")
+    assert [name for _, name, *_ in stages] == STAGES
+    rest = out.split('Only when named (--stages=depth,grads --minutes=N)')[1]
+    assert re.findall(r'^(\d) (\S+)  ', rest, re.M) == [('5', 'depth'), ('6', 'grads')]
+    assert '    [bench] python bench.py config/bench_depth_gpu.py --json=' in rest
+    assert '    [grad-check] python dev/grad_check.py\n' in rest
+    out, stages = dry_run("--minutes=12", "--stages=grads,depth")
+    assert '2 stage(s) in 12 minutes: 690 s budgeted' in out and 'Only when named' not in out
+    assert [(n, name, s) for n, name, s, _ in stages] == [(5, 'depth', 414), (6, 'grads', 276)]
+    (_, _, cmd), = stages[0][3]
+    assert cmd.startswith('python bench.py config/bench_depth_gpu.py --json=') and cmd.endswith('/bench_depth.json')
+    assert os.path.isfile(os.path.join(REPO, 'config', 'bench_depth_gpu.py'))
+    assert stages[1][3] == [('grad-check', 276, 'python dev/grad_check.py')]
+
+
+TINY = ['--n_layer=2', '--n_head=2', '--n_embd=16', '--block_size=8', '--vocab_size=32', '--batch_size=2',
+        '--device=cpu', '--dtype=float32']
+
+
+@pytest.mark.slow
+def test_grad_check_passes_on_the_cpu_and_fails_naming_a_perturbed_gradient(monkeypatch, capsys):
+    """dev/grad_check.py at a tiny shape in float32 (compiled once): every gradient within float32's tolerance,
+    exit status 0; the same gradients with one compiled gradient perturbed by 1 % of its max: exit status 1,
+    the parameter named and the documented workaround given."""
+    import grad_check
+    monkeypatch.setattr(sys, 'excepthook', sys.excepthook)  # configure() installs its own
+    for key in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'batch_size', 'device', 'dtype'):
+        monkeypatch.setattr(grad_check, key, getattr(grad_check, key))  # configure() sets them
+    seen = []
+    real = grad_check.gradients
+
+    def recorded(*args, compiled):
+        seen.append(real(*args, compiled=compiled))
+        return seen[-1]
+    monkeypatch.setattr(grad_check, 'gradients', recorded)
+    assert grad_check.main(TINY) == 0
+    out = capsys.readouterr().out
+    eager, compiled = seen
+    assert eager.keys() == compiled.keys() and 'transformer.h.1.attn.router.weight' in eager
+    assert 'ok: every compiled gradient within 1.00e-04' in out
+    assert all(f"  {name}" in out for name in eager)  # every parameter's error printed
+    name = 'transformer.h.1.attn.router.weight'
+    wrong = dict(compiled, **{name: compiled[name].clone()})
+    wrong[name].view(-1)[0] += 0.01 * eager[name].abs().max()
+    monkeypatch.setattr(grad_check, 'gradients', lambda *a, compiled: wrong if compiled else eager)
+    assert grad_check.main(TINY) == 1
+    cap = capsys.readouterr()
+    assert re.search(rf"^error: 1 compiled gradient\(s\) over the tolerance 1.00e-04: {re.escape(name)}\. ",
+                     cap.err, re.M)
+    assert 'TORCHINDUCTOR_MIX_ORDER_REDUCTION=0' in cap.err and 'pytorch issue 193061' in cap.err
+    assert re.search(rf"^  1\.0\de-02  {re.escape(name)}  OVER$", cap.out, re.M)
+
+
+def test_the_depth_and_grads_summaries_read_what_their_commands_leave(tmp_path):
+    """depth: bench.py's JSON as a table by layers, a failed record a problem; grads: grad_check's verdict,
+    its error line the problem; nothing written is a problem, not a crash."""
+    (tmp_path / 'logs').mkdir()
+    assert gpu_check.summarize_depth(str(tmp_path), '')[2] == ["no results (bench_depth.json was not written)"]
+    records = [dict(variant='baseline', n_layer=32, step_ms=10.0, step_ratio=1.0, mem_bytes=2e9, mem_ratio=1.0),
+               dict(variant='lime', n_layer=32, step_ms=11.0, step_ratio=1.1, mem_bytes=2.2e9, mem_ratio=1.1),
+               dict(variant='lime', n_layer=128, error='OutOfMemoryError')]
+    (tmp_path / 'bench_depth.json').write_text(json.dumps(dict(config={}, records=records)))
+    rows, lines, problems = gpu_check.summarize_depth(str(tmp_path), '')
+    assert rows == records and '| 32 | lime | 11.00 | 1.100 | 2.20 | 1.100 |' in lines
+    assert problems == ['128 layers lime: OutOfMemoryError']
+    log = tmp_path / 'logs' / 'grads-grad-check.log'
+    assert gpu_check.summarize_grads(str(tmp_path), '')[2] == ["dev/grad_check.py printed no verdict"]
+    log.write_text("$ python dev/grad_check.py\nLIMe 8 x 1024, T 1024\n  3.1e-01  a.b  OVER\n"
+                   "error: 1 compiled gradient(s) over the tolerance 1.95e-02: a.b. The documented workaround\n")
+    nums, lines, problems = gpu_check.summarize_grads(str(tmp_path), '')
+    assert nums == dict(ok=False) and problems == ['1 compiled gradient(s) over the tolerance 1.95e-02: a.b. '
+                                                   'The documented workaround']
+    log.write_text("LIMe 8 x 1024, T 1024\nok: every compiled gradient within 1.95e-02 of its max |g|\n")
+    assert gpu_check.summarize_grads(str(tmp_path), '') == (
+        dict(ok=True), ['- LIMe 8 x 1024, T 1024', '- ok: every compiled gradient within 1.95e-02 of its max |g|'], [])
