@@ -17,7 +17,7 @@ import torch
 
 from conftest import REPO, run, script_here
 from nanolime import common
-from nanolime import checkpoint, data
+from nanolime import data
 import prepare
 from model import GPT, GPTConfig
 
@@ -269,24 +269,23 @@ def test_the_training_config_is_a_small_compiled_bf16_lime_run(monkeypatch):
     assert 20e6 <= model.get_num_params() <= 40e6 and model.config.lime
 
 
-def test_train_py_accepts_the_checks_training_commands(tmp_path, monkeypatch):
-    """train.py checks each command of the training and DDP stages (on the CPU) and stops where it would
-    claim its out_dir (as sweep.py checks a run); the resumed one needs a checkpoint and is left out."""
+def test_train_py_accepts_the_checks_training_commands(tmp_path):
+    """train.py checks each command of the training and DDP stages (on the CPU) with --check_only=True, as
+    sweep.py checks a run: it prints the run's config and exits before claiming out_dir; the resumed one needs a
+    checkpoint and is left out."""
     prepare.prepare_bpe(prepare.read_shakespeare()[:100_000], str(tmp_path / 'data' / 'shakespeare'))
-    seen = []
-
-    def stop(*args, **kwargs):
-        seen.append(dict(sys._getframe(1).f_globals['config']))
-        raise SystemExit(0)
-    monkeypatch.setattr(checkpoint, 'on_rank_0', stop)
     stages = {s['name']: s for s in gpu_check.stage_list(str(tmp_path / 'out'), str(tmp_path))}
     cmds = [cmd for s in ('train', 'ddp') for label, cmd, _ in stages[s]['steps'] if 'train.py' in cmd
             and '--init_from=resume' not in cmd]
     assert len(cmds) == 4
+    seen = []
     for cmd in cmds:
         args = cmd[cmd.index('train.py') + 1:]
-        code, _, _ = script_here('train.py', os.path.join(REPO, args[0]), *args[1:], '--device=cpu', '--dtype=float32')
+        code, out, _ = script_here('train.py', os.path.join(REPO, args[0]), *args[1:], '--device=cpu',
+                                   '--dtype=float32', '--check_only=True')
         assert code == 0, cmd
+        seen.append(json.loads(out.strip().splitlines()[-1]))
+        assert not os.path.exists(seen[-1]['out_dir']), cmd  # stopped before the claim
     assert [(c['n_embd'], c['lime'], c['max_iters'], c['compile']) for c in seen] == [
         (384, True, 200, True), (384, True, 100, True), (384, False, 200, True), (128, True, 30, False)]
 
