@@ -1146,7 +1146,9 @@ def test_fsdp_refuses_every_relative_by_its_name(component, data_dir, tmp_path, 
     the relative named. train.py names the variant from every option the grammar takes, so a new relative's
     option cannot be left out of what FSDP checks. Every relative of the registry has a variant here."""
     assert {R.switch(r) for r in R.RELATIVES} <= {k for opts in VARIANT_COMPONENTS.values() for k in opts}
-    monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("LOCAL_RANK", "0"), monkeypatch.setenv("WORLD_SIZE", "1")
+    torchrun = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    for k, v in torchrun.items():
+        monkeypatch.setenv(k, v)
     options = [f"--{k}={v}" for k, v in VARIANT_COMPONENTS[component].items()]
     error = error_of(run_here, "train.py", "--device=cpu", "--lime=False", "--n_layer=2", "--n_embd=32",
                      f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'out'}", "--fsdp=True", *options)
