@@ -646,13 +646,9 @@ def test_mudd_counts():
     assert model.flops_per_token(T) - base.flops_per_token(T) == matmuls + mixes
 
 
-@pytest.mark.parametrize("kw", [dict(mudd=True), dict(mudd=True, n_kv_head=2, lime=True),
-                                dict(mudd=True, lime=True, router="dynamic"), dict(mudd=True, mudd_prepost=True),
-                                dict(mudd=True, mudd_prepost=True, lime=True, n_kv_head=2)], ids=str)
-def test_mudd_cached_decoding_is_exact(kw):
-    """MUDD mixes per position across depth only: decoding with the KV cache gives the full forward's logits,
-    and generate() with and without the cache the same tokens."""
-    model = scramble_mudd(build(seed=1, **kw)).eval()
+def assert_cached_decoding_exact(model):
+    """Decoding 12 tokens with the KV cache gives the full forward's logits at every step, and generate() with
+    and without the cache the same tokens."""
     prompt = torch.randint(0, V, (2, 4))
     idx, cached = step_logits(model, prompt, 12)
     for t in range(12):
@@ -660,6 +656,16 @@ def test_mudd_cached_decoding_is_exact(kw):
         torch.testing.assert_close(cached[t], full[:, -1], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(model.generate(prompt, 12, top_k=1, use_cache=False), idx, atol=0, rtol=0)
     torch.testing.assert_close(model.generate(prompt, 12, top_k=1), idx, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("kw", [dict(mudd=True), dict(mudd=True, n_kv_head=2, lime=True),
+                                dict(mudd=True, lime=True, router="dynamic"), dict(mudd=True, mudd_prepost=True),
+                                dict(mudd=True, mudd_prepost=True, lime=True, n_kv_head=2)], ids=str)
+def test_mudd_cached_decoding_is_exact(kw):
+    """MUDD mixes per position across depth only: decoding with the KV cache gives the full forward's logits,
+    and generate() with and without the cache the same tokens."""
+    model = scramble_mudd(build(seed=1, **kw)).eval()
+    assert_cached_decoding_exact(model)
 
 
 # ----------------------------------------------------------------------------- MoDA
@@ -988,13 +994,7 @@ def test_depth_attention_cached_decoding_is_exact(kw):
     """The cache holds the mixed values, and a new token's depth sources are its own: decoding with the KV cache
     gives the full forward's logits, and generate() with and without the cache the same tokens."""
     model = build(seed=1, depth_attention=True, **kw).eval()
-    prompt = torch.randint(0, V, (2, 4))
-    idx, cached = step_logits(model, prompt, 12)
-    for t in range(12):
-        full, _ = model(idx[:, :4 + t], idx[:, :4 + t])
-        torch.testing.assert_close(cached[t], full[:, -1], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(model.generate(prompt, 12, top_k=1, use_cache=False), idx, atol=0, rtol=0)
-    torch.testing.assert_close(model.generate(prompt, 12, top_k=1), idx, atol=0, rtol=0)
+    assert_cached_decoding_exact(model)
 
 
 # ----------------------------------------------------------------------------- Depth scaling (CompleteP)
