@@ -204,6 +204,11 @@ def route_group_size(n_layer):
 def route(weight, sources, out=None):
     """eq. (2) for a static router: weight (H_out, S) over `sources`, a list of (H_src, 2, B, T, d_h), plus out, a
     partial sum (H_out, 2, B, T, d_h). Only the sources, which every reader saves, are saved: O(L) memory."""
+    if torch.compiler.is_compiling():  # the compiler derives backward itself: RouteSum's, compiled for CUDA,
+        # gave wrong gradients (docs/performance.md); a matmul per source keeps saving only the sources
+        parts = [w.mm(src.flatten(1)) for w, src in zip(weight.split([s.size(0) for s in sources], 1), sources)]
+        total = sum(parts[1:], parts[0]).view(-1, *sources[0].shape[1:])  # (H_out, 2, B, T, d_h)
+        return total if out is None else total + out
     return RouteSum.apply(weight, out, *sources)
 
 

@@ -33,19 +33,20 @@ device = 'auto'           # 'auto', 'cpu', 'cuda', ...
 dtype = 'bfloat16'        # autocast dtype: 'bfloat16', 'float16', 'float32'
 tol = 0.0                 # worst |compiled - eager| / max |eager| allowed per parameter; 0 = by dtype (TOLERANCES)
 seed = 1337
+lime = True               # False: the baseline Llama, to tell LIMe's own error from the compiler's on any model
 # -----------------------------------------------------------------------------
 TOLERANCES = {torch.float32: 1e-4, torch.bfloat16: 5 * 2 ** -8, torch.float16: 5 * 2 ** -11}
 WORKAROUND = 'TORCHINDUCTOR_MIX_ORDER_REDUCTION=0'
 
 
 def gradients(model, x, dev, dt, compiled):
-    """{parameter name: its gradient (float32, on the CPU)} after one forward and backward on the batch x."""
+    """(loss, {parameter name: its gradient (float32, on the CPU)}) after one forward and backward on the batch x."""
     model.zero_grad(set_to_none=True)
     fwd = torch.compile(model, fullgraph=True) if compiled else model
     with autocast(dev, dt):
         _, loss = fwd(x, x)
     loss.backward()
-    return {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.item(), {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def relative_errors(eager, compiled):
@@ -72,20 +73,22 @@ def main(argv=None):
         raise UserError(f"tol={tol} must be a positive fraction of each gradient's max |g|, or 0 for the dtype's")
     torch.manual_seed(seed)
     model = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
-                          vocab_size=vocab_size, lime=True)).to(dev)
+                          vocab_size=vocab_size, lime=lime)).to(dev)
     x = torch.randint(vocab_size, (batch_size, block_size), device=dev)  # one fixed batch: inputs and targets
-    eager = gradients(model, x, dev, dt, compiled=False)
-    compiled = gradients(model, x, dev, dt, compiled=True)
+    eager_loss, eager = gradients(model, x, dev, dt, compiled=False)
+    compiled_loss, compiled = gradients(model, x, dev, dt, compiled=True)
     errors = relative_errors(eager, compiled)
-    print(f"LIMe {n_layer} x {n_embd}, T {block_size}, batch {batch_size}, {dev}, {str(dt).split('.')[1]}: "
+    print(f"{'LIMe' if lime else 'baseline'} {n_layer} x {n_embd}, T {block_size}, batch {batch_size}, {dev}, {str(dt).split('.')[1]}: "
           f"{len(errors)} gradients, compiled against eager, tolerance {limit:.2e} of each max |g|")
+    print(f"  loss: eager {eager_loss:.6f}, compiled {compiled_loss:.6f}")
     for name, err in sorted(errors.items(), key=lambda kv: -kv[1]):
         print(f"  {err:.2e}  {name}" + ('  OVER' if not err <= limit else ''))
     over = [n for n, e in errors.items() if not e <= limit]
     if over:
         print(f"error: {len(over)} compiled gradient(s) over the tolerance {limit:.2e}: {', '.join(over)}. "
-              f"The documented workaround for inductor's mix-order reduction (pytorch issue 193061): rerun with "
-              f"{WORKAROUND} python dev/grad_check.py ...; if that passes, train with {WORKAROUND} set",
+              f"To narrow it down: rerun with --lime=False (the baseline passing points at LIMe's compiled routing), "
+              f"and with {WORKAROUND} python dev/grad_check.py ... (inductor's mix-order reduction, pytorch issue "
+              f"193061: if that passes, train with {WORKAROUND} set)",
               file=sys.stderr)
         return 1
     print(f"ok: every compiled gradient within {limit:.2e} of its max |g| (worst {max(errors.values()):.2e})")

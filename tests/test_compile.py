@@ -71,7 +71,10 @@ VARIANTS = [dict(lime=True, router=r) for r in ("average", "dynamic", "first-1")
 
 @pytest.mark.parametrize("kw", VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "baseline")
 def test_fullgraph_forward_and_backward_match_eager(kw):
-    """aot_eager traces forward and backward (AOTAutograd) whole; gradients equal eager's."""
+    """aot_eager traces forward and backward (AOTAutograd) whole; gradients equal eager's up to float32's
+    summation order (compiled, route() sums source by source; eager, RouteSum sums them in one matmul):
+    measured worst 2.8e-6 of a gradient's max |g| (1.5e-8 absolute where |g| is tiny), where a wrong
+    backward is off by about its whole size."""
     torch._dynamo.reset()
     kw = {'n_layer': 3, **kw}
     model, ref = make(**kw), make(**kw)
@@ -80,7 +83,8 @@ def test_fullgraph_forward_and_backward_match_eager(kw):
     torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-6)
     grads = dict(ref.named_parameters())
     for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-6, rtol=1e-5, msg=name)
+        err, scale = (p.grad - grads[name].grad).abs().max().item(), grads[name].grad.abs().max().item()
+        assert err <= 1e-6 + 1e-5 * scale, (name, err, scale)
 
 
 def test_inductor_matches_eager():

@@ -329,7 +329,7 @@ def test_grad_check_passes_on_the_cpu_and_fails_naming_a_perturbed_gradient(monk
     the parameter named and the documented workaround given."""
     import grad_check
     monkeypatch.setattr(sys, 'excepthook', sys.excepthook)  # configure() installs its own
-    for key in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'batch_size', 'device', 'dtype'):
+    for key in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'batch_size', 'device', 'dtype', 'lime'):
         monkeypatch.setattr(grad_check, key, getattr(grad_check, key))  # configure() sets them
     seen = []
     real = grad_check.gradients
@@ -340,19 +340,21 @@ def test_grad_check_passes_on_the_cpu_and_fails_naming_a_perturbed_gradient(monk
     monkeypatch.setattr(grad_check, 'gradients', recorded)
     assert grad_check.main(TINY) == 0
     out = capsys.readouterr().out
-    eager, compiled = seen
+    (eager_loss, eager), (compiled_loss, compiled) = seen
+    assert f"  loss: eager {eager_loss:.6f}, compiled {compiled_loss:.6f}" in out
     assert eager.keys() == compiled.keys() and 'transformer.h.1.attn.router.weight' in eager
     assert 'ok: every compiled gradient within 1.00e-04' in out
     assert all(f"  {name}" in out for name in eager)  # every parameter's error printed
     name = 'transformer.h.1.attn.router.weight'
     wrong = dict(compiled, **{name: compiled[name].clone()})
     wrong[name].view(-1)[0] += 0.01 * eager[name].abs().max()
-    monkeypatch.setattr(grad_check, 'gradients', lambda *a, compiled: wrong if compiled else eager)
+    monkeypatch.setattr(grad_check, 'gradients',
+                        lambda *a, compiled: (compiled_loss, wrong) if compiled else (eager_loss, eager))
     assert grad_check.main(TINY) == 1
     cap = capsys.readouterr()
     assert re.search(rf"^error: 1 compiled gradient\(s\) over the tolerance 1.00e-04: {re.escape(name)}\. ",
                      cap.err, re.M)
-    assert 'TORCHINDUCTOR_MIX_ORDER_REDUCTION=0' in cap.err and 'pytorch issue 193061' in cap.err
+    assert 'TORCHINDUCTOR_MIX_ORDER_REDUCTION=0' in cap.err and 'pytorch issue' in cap.err and '--lime=False' in cap.err
     assert re.search(rf"^  1\.0\de-02  {re.escape(name)}  OVER$", cap.out, re.M)
 
 
