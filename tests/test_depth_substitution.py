@@ -183,17 +183,17 @@ def test_gpu_dry_run(tmp_path):
     done = out / 'baseline-L64-s0'
     done.mkdir(parents=True)
     (done / 'sweep.json').write_text(json.dumps({'status': 'done', 'max_iters': 1200}))
-    code, stdout, _ = script_here('dev/depth_substitution_gpu.py', '--dry_run=True', f'--out_dir={out}')
+    code, stdout, _ = script_here('dev/depth_substitution_gpu.py', '--dry_run=True', f'--out_dir={out}',
+                                  '--est_ms_base=2', '--est_ms_per_layer=0.5')
     assert code == 0
-    assert stdout.startswith('72 runs (1 already done), 16 at a time on cuda, deadline 450 s')
+    assert stdout.startswith('72 runs (1 already done), 8 at a time on cuda, deadline 450 s')
     lines = [x for x in map(str.split, stdout.splitlines()) if len(x) > 2 and x[0].isdigit() and '-L' in x[1]]
     assert len(lines) == 72
     assert [x[1] for x in lines][:3] == ['baseline-L64-s0', 'baseline-L32-s0', 'lime-L32-s0'] and lines[0][2] == 'done'
     assert 'S(32) = lime-L32 - baseline-L64, G(32) = baseline-L32 - baseline-L64' in stdout
     assert '(inside the deadline)' in stdout and sorted(os.listdir(out)) == ['baseline-L64-s0']  # nothing started
-    # slower than estimated: the runs past the deadline are named
-    code, stdout, _ = script_here('dev/depth_substitution_gpu.py', '--dry_run=True', f'--out_dir={out}',
-                                  '--est_ms_per_layer=10')
+    # at the measured speed (the defaults) the last seeds' runs are past the deadline, and named
+    code, stdout, _ = script_here('dev/depth_substitution_gpu.py', '--dry_run=True', f'--out_dir={out}')
     assert 'would be stopped' in stdout and 'after the deadline' in stdout.splitlines()[-1]
     for bad, match in (('--deadline_s=600', 'deadline_s=600'), ('--base_depths=4,8,24', 'expected doublings'),
                        ('--seeds=1,1', 'distinct')):
