@@ -122,3 +122,22 @@ def test_compiled_activation_memory_is_flat_in_depth():
         ratios[L] = saved["lime"] / saved["baseline"]
     assert ratios[3] <= 1.15 and ratios[6] <= 1.15, ratios
     assert ratios[6] - ratios[3] <= 0.05, ratios
+
+
+def test_compiled_route_leaves_the_backward_to_autograd():
+    """Under torch.compile, route() sums source by source and autograd derives the backward: RouteSum (eager's
+    backward written out), compiled by inductor for CUDA, gave wrong gradients (docs/performance.md, "GPU: the
+    second run"), which a CPU does not show. The graph dynamo captures holds no autograd.Function, and the
+    routing's matmuls are in it."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    model = make(n_layer=4, lime=True)
+    x = torch.randint(0, V, (2, 16))
+    torch.compile(model, fullgraph=True, backend=capture)(x, x)
+    targets = [str(n.target) for gm in graphs for n in gm.graph.nodes]
+    assert not [t for t in targets if 'autograd_function' in t], targets
+    assert sum('mm' in t for t in targets) >= 6, targets  # layer 1-3's routers: a matmul per source
