@@ -78,7 +78,8 @@ def main(argv=None):
     eager_loss, eager = gradients(model, x, dev, dt, compiled=False)
     compiled_loss, compiled = gradients(model, x, dev, dt, compiled=True)
     errors = relative_errors(eager, compiled)
-    print(f"{'LIMe' if lime else 'baseline'} {n_layer} x {n_embd}, T {block_size}, batch {batch_size}, {dev}, {str(dt).split('.')[1]}: "
+    arm = 'LIMe' if lime else 'baseline'
+    print(f"{arm} {n_layer} x {n_embd}, T {block_size}, batch {batch_size}, {dev}, {str(dt).split('.')[1]}: "
           f"{len(errors)} gradients, compiled against eager, tolerance {limit:.2e} of each max |g|")
     print(f"  loss: eager {eager_loss:.6f}, compiled {compiled_loss:.6f}")
     for name, err in sorted(errors.items(), key=lambda kv: -kv[1]):
