@@ -326,9 +326,12 @@ TINY = ['--n_layer=2', '--n_head=2', '--n_embd=16', '--block_size=8', '--vocab_s
 def test_grad_check_passes_on_the_cpu_and_fails_naming_a_perturbed_gradient(monkeypatch, capsys):
     """dev/grad_check.py at a tiny shape in float32 (compiled once): every gradient within float32's tolerance,
     exit status 0; the same gradients with one compiled gradient perturbed by 1 % of its max: exit status 1,
-    the parameter named and the documented workaround given."""
+    the parameter named and the documented workaround given. The compiler is aot_eager here, to test the
+    script's reading in seconds; inductor's gradients against eager are test_compile's."""
     import grad_check
     monkeypatch.setattr(sys, 'excepthook', sys.excepthook)  # configure() installs its own
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, 'compile', lambda model, **kw: compile_(model, backend='aot_eager', **kw))
     for key in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'batch_size', 'device', 'dtype', 'lime'):
         monkeypatch.setattr(grad_check, key, getattr(grad_check, key))  # configure() sets them
     seen = []
