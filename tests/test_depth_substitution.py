@@ -242,6 +242,35 @@ def test_claims_recompute_the_numbers_the_docs_quote():
         assert printed in stdout and quoted in docs, (printed, quoted)
 
 
+def test_the_answer_the_docs_give_is_the_one_its_csv_holds():
+    """The CPU design's answer, from its per-run CSV in assets/ (both arms at 4-32 layers, seeds 0-4, 1,200
+    iterations, one data identity) through analyse(): the summary CSV beside it, docs/results.md's table row by
+    row and README's line carry the same S(L), G(L), p, Holm p, reading and k(L)."""
+    with open(os.path.join(REPO, 'assets', 'sweep_depth_substitution.csv')) as f:
+        rows = [dict(r, depth=int(r['depth']), seed=int(r['seed']), val_loss=float(r['val_loss']))
+                for r in csv.DictReader(f)]
+    assert {(r['variant'], r['depth'], r['seed']) for r in rows} == {
+        (v, d, s) for v in ('baseline', 'lime') for d in (4, 8, 16, 32) for s in range(5)}
+    assert {(r['status'], r['iters'], r['data']) for r in rows} == {('done', '1200', rows[0]['data'])}
+    summary = ds.analyse(rows, [4, 8, 16, 32], resamples=ds.bootstrap)
+    with open(os.path.join(REPO, 'assets', 'sweep_depth_substitution_summary.csv')) as f:
+        saved = list(csv.DictReader(f))
+    assert [(r['L'], r['reading']) for r in saved] == [(str(r['L']), r['reading']) for r in summary]
+    for mine, theirs in zip(summary, saved):
+        for key in ('S', 'S_half', 'S_p_holm', 'G', 'G_half', 'k', 'k_low', 'k_high'):
+            assert float(theirs[key]) == pytest.approx(mine[key], rel=1e-3, abs=2e-5), (mine['L'], key)  # CSV: 6 digits
+    results = open(os.path.join(REPO, 'docs', 'results.md')).read()
+    readme = open(os.path.join(REPO, 'README.md')).read()
+    for r in summary:
+        assert (f"| {r['L']} | {r['n_seeds']} | {r['S']:+.3f} ± {r['S_half']:.3f} | {r['S_p']:.3f} | "
+                f"{r['S_p_holm']:.3f} | {r['G']:+.3f} ± {r['G_half']:.3f} | {r['reading']} | "
+                f"{r['k']:.2f} [{r['k_low']:.2f}, {r['k_high']:.2f}] |") in results, r['L']
+    s4, s8, s16 = summary[:3]
+    assert (f"**it does not** at 4 and 16 layers\n  ({s4['S']:+.3f} ± {s4['S_half']:.3f}, Holm {s4['S_p_holm']:.3f}; "
+            f"{s16['S']:+.3f} ± {s16['S_half']:.3f}, {s16['S_p_holm']:.3f}), not shown at 8 ({s8['S_p_holm']:.3f})") in readme
+    assert [r['reading'] for r in summary] == ['does not', 'not shown', 'does not']
+
+
 @pytest.mark.slow
 def test_gpu_version_stops_at_its_deadline(data_dir, tmp_path):
     """Runs far longer than the deadline: each is stopped (SIGTERM: train.py saves a checkpoint where it got that far),
