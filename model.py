@@ -1,15 +1,8 @@
 """
-nanoLIMe model: a Llama-style GPT with an optional LIMe router.
-
-With lime=False this is a plain pre-norm Llama: RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query
-attention, tied embeddings, no biases. LIMe (Layer-Integrated Memory, arXiv 2502.09245) changes one thing: every
-attention layer keeps its own queries but builds its keys and values as a learned mixture of the keys and values of
-all layers so far, read from the stacked KV (eq. 2). Everything LIMe-specific is in the section marked "LIMe" below,
-in the order a reader follows it: the Router, eq. (2) as written (route_reference), then the same sum as the model
-computes it (KVStack, route, and RouteSum, a speed-up, last), and the one marked call in Attention.forward.
-
-This file imports nothing of the project. The cross-layer relatives LIMe is compared with (Hyper-Connections,
-mHC, DenseFormer, Attention Residuals, MUDDFormer, MoDA) extend it from outside, in relatives/.
+nanoLIMe model: a Llama-style GPT (RMSNorm, RoPE, SwiGLU, GQA, tied embeddings, no biases) with an
+optional LIMe router (Layer-Integrated Memory, arXiv 2502.09245): each attention layer attends over
+a learned mixture of the keys and values of all layers so far (eq. 2), all of it in the section
+marked "LIMe". It imports nothing of the project; the relatives (relatives/) extend it from outside.
 """
 
 import math
@@ -36,20 +29,20 @@ class GPTConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6     # RMSNorm's eps: the authors' (transformers' LlamaConfig default)
     lime: bool = False         # the paper's method
-    router: str = "full"       # LIMe router variant: ROUTERS (full: eq. 2; the others: paper App. D and v1)
-    router_init: str = "paper"  # 'paper': own-head identity plus U(-b, b) elsewhere; 'identity': zero elsewhere
-    route_group_size: int = None  # LIMe's sum by groups of layers (KVStack): None ~sqrt(n_layer); n_layer: one phase
+    router: str = "full"       # one of ROUTERS (full: eq. 2; the others: paper App. D and v1)
+    router_init: str = "paper"  # 'paper': own-head identity, U(-b, b) elsewhere; 'identity': 0 elsewhere
+    route_group_size: int = None  # KVStack's groups of layers: None ~sqrt(n_layer); n_layer: one phase
 
     def __post_init__(self):
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
         if self.mlp_hidden is None:
             self.mlp_hidden = 64 * math.ceil(8 * self.n_embd / 3 / 64)
-        for key in ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'block_size', 'vocab_size'):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
-        if self.route_group_size is not None and self.route_group_size < 1:
-            raise ValueError(f"route_group_size={self.route_group_size} must be >= 1 (or None: about sqrt(n_layer))")
+        for key in ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'block_size',
+                    'vocab_size', 'route_group_size'):
+            value = getattr(self, key)
+            if value is not None and value < 1:  # route_group_size may be None
+                raise ValueError(f"{key}={value} must be >= 1")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         if self.n_head % self.n_kv_head:
@@ -58,19 +51,19 @@ class GPTConfig:
             raise ValueError(f"head size n_embd/n_head={self.n_embd // self.n_head} must be even for RoPE")
         router_layers(self.router, 0)  # raises on an unknown variant
         if self.router_init not in ("paper", "identity"):
-            raise ValueError(f"unknown router_init '{self.router_init}'; choose 'paper' or 'identity'")
+            raise ValueError(f"unknown router_init '{self.router_init}': 'paper' or 'identity'")
 
 
 class RoPE(nn.Module):
-    """Rotary position embedding (RoFormer), rotate-half form: RoPE(x) = x cos + rotate_half(x) sin, with
-    rotate_half([x1, x2]) = [-x2, x1] for a head's halves x1, x2 (the Llama / transformers layout)."""
+    """Rotary position embedding (RoFormer), rotate-half form: RoPE(x) = x cos + rotate_half(x) sin,
+    rotate_half([x1, x2]) = [-x2, x1] for a head's halves x1, x2 (the Llama layout)."""
 
     def __init__(self, config):
         super().__init__()
         head_dim = config.n_embd // config.n_head
         inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
-        angles = torch.outer(torch.arange(config.block_size).float(), inv_freq)  # (block_size, head_dim / 2)
-        angles = torch.cat((angles, angles), dim=-1)[:, None]  # (block_size, 1, head_dim): one angle per half
+        angles = torch.outer(torch.arange(config.block_size).float(), inv_freq)  # (T, head_dim / 2)
+        angles = torch.cat((angles, angles), dim=-1)[:, None]  # (T, 1, head_dim): an angle per half
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
@@ -82,12 +75,11 @@ class RoPE(nn.Module):
 
 
 # ----------------------------------------------------------------------------- LIMe
-# The one change LIMe makes to the baseline (Attention.forward): a layer's keys and values are a learned mixture of
-# every layer's so far (eq. 2), read from the stacked KV, instead of its own. Source s = j * n_kv_head + h is KV
-# head h of layer j; each layer appends its (H_kv, 2, B, T, d_h) [k; v] to the KVStack GPT.forward passes down.
+# LIMe's one change (Attention.routed_kv): a layer's k, v are a learned mixture of every layer's so
+# far (eq. 2), read from the stacked KV, in which source s = j * H_kv + h is KV head h of layer j.
 
 def router_layers(router, layer):
-    """The layers whose keys and values layer `layer` may read, for each router variant."""
+    """The layers whose keys and values layer `layer` reads, for each router (paper App. D)."""
     name, _, j = router.partition("-")
     if name in ("full", "average", "dynamic") and not j:
         return list(range(layer + 1))
@@ -100,10 +92,8 @@ def router_layers(router, layer):
 
 
 def zero_linear(d_in, d_out):
-    """A bias-free nn.Linear that starts at zero, made without drawing from the RNG (skip_init), so that the
-    weights drawn after it are the same as in a model without it: one seed, the baseline's weights."""
-    # the default device of the moment (a `with torch.device(...)` block included, which older releases'
-    # torch.get_default_device() does not see): where a factory function puts a tensor
+    """A bias-free nn.Linear at zero, made on the default device without drawing from the RNG
+    (skip_init): the weights drawn after it are those of a model without it."""
     linear = nn.utils.skip_init(nn.Linear, d_in, d_out, bias=False, device=torch.empty(0).device)
     nn.init.zeros_(linear.weight)
     return linear
@@ -118,17 +108,17 @@ class Router(nn.Module):
         self.layers = router_layers(config.router, layer)  # the layers this variant reads
         n_src = len(self.layers) * self.n_kv
         if config.router == "average":  # fixed: head h averages head h over layers 0..l
-            self.register_buffer("weight", torch.eye(self.n_kv).repeat(1, layer + 1) / (layer + 1), persistent=False)
+            average = torch.eye(self.n_kv).repeat(1, layer + 1) / (layer + 1)
+            self.register_buffer("weight", average, persistent=False)
         else:  # drawn by reset_parameters, after the baseline's weights (GPT.__init__)
             self.weight = nn.Parameter(torch.empty(self.n_kv, n_src))
         self.router_init = config.router_init
-        self.dynamic = None
-        if config.router == "dynamic":  # per-token offsets, zero at init: starts as the static router
-            self.dynamic = zero_linear(config.n_embd, self.n_kv * n_src)
+        # dynamic: per-token offsets, zero at init, so that it starts as the static router
+        self.dynamic = zero_linear(config.n_embd, self.n_kv * n_src) if config.router == "dynamic" else None
 
     @torch.no_grad()
     def reset_parameters(self):
-        """Identity on this layer's own heads; elsewhere the authors' U(-b, b), b = sqrt(3 / #sources), or
+        """Identity on this layer's own heads; elsewhere the authors' U(-b, b), b = sqrt(3 / S), or
         zero ('identity' init: exactly the baseline function at init)."""
         if isinstance(self.weight, nn.Parameter):  # not the fixed 'average' router
             bound = math.sqrt(3 / self.weight.size(1)) if self.router_init == "paper" else 0.0
@@ -136,114 +126,79 @@ class Router(nn.Module):
             self.weight[:, -self.n_kv:] = torch.eye(self.n_kv)
 
     def matrix(self):
-        """The full H_kv x (l+1)*H_kv static router, zero on sources this variant leaves out."""
+        """The full H_kv x (l+1)*H_kv static router, zero on the sources this variant leaves out."""
         if len(self.layers) == self.layer + 1:
             return self.weight
         full = self.weight.new_zeros(self.n_kv, self.layer + 1, self.n_kv)
         full[:, self.layers] = self.weight.view(self.n_kv, -1, self.n_kv)
         return full.flatten(1)
 
-    def forward(self, x, kv_stack):  # x: this layer's input (B, T, d); kv_stack: every layer's [k; v] so far
-        kv = kv_stack.read(self)
-        if self.dynamic is not None:  # R(x_t) = R + delta(x_t): a broadcast product (einsum saves permuted copies)
-            delta = self.dynamic(x).view(*x.shape[:2], self.n_kv, -1)  # (B, T, H, S)
-            for w, source in zip(delta.split(self.n_kv, dim=-1), self.layers):  # a source layer's columns
-                w = w.permute(2, 3, 0, 1)[:, :, None, ..., None]  # (H, H_src, 1, B, T, 1)
-                src = kv_stack.sources[source]  # (H_src, 2, B, T, d_h)
-                kv = kv + (w.to(src.dtype) * src).sum(1)  # (H, 2, B, T, d_h)
-        return kv
-
 
 def route_reference(router, sources):
-    """eq. (2) as written: k~_h = sum_s R[h, s] k_s, and the same R for v. router: (H_kv, S), or per token
-    (B, T, H_kv, S); sources: (S, 2, B, T, d_h), the stacked KV; returns (H_kv, 2, B, T, d_h). Readable, but each
-    layer would keep its own copy of the stack for backward (O(L^2) memory); KVStack computes it in O(L)."""
+    """eq. (2) as written: k~_h = sum_s R[h, s] k_s, the same R for v. router (H_kv, S), or per
+    token (B, T, H_kv, S), over sources (S, 2, B, T, d_h): (H_kv, 2, B, T, d_h). O(L^2) memory."""
     if router.dim() == 2:
         return torch.einsum("hs,scbtd->hcbtd", router, sources)
     return torch.einsum("bths,scbtd->hcbtd", router, sources)
 
 
+def route(weight, sources, out=None):
+    """eq. (2) for a static router, source by source: weight (H_out, S) over `sources`, a list of
+    (H_src, 2, B, T, d_h), plus `out`, a partial sum (H_out, 2, B, T, d_h). Each matmul saves only
+    its source, which every reader shares: O(L) memory."""
+    weights = weight.split([src.size(0) for src in sources], dim=1)  # each source's columns
+    total = None if out is None else out.flatten(1)  # (H_out, 2*B*T*d_h)
+    for w, src in zip(weights, sources):
+        total = w.mm(src.flatten(1)) if total is None else torch.addmm(total, w, src.flatten(1))
+    return total.view(-1, *sources[0].shape[1:])
+
+
 class KVStack:
-    """The stacked KV of one forward pass, and eq. (2) read from it. With one group of all n_layer layers
-    (route_group_size=n_layer) this is eq. (2) read left to right: each layer appends its [k; v], then sums
-    R[:, s] kv_s over every source so far (read(), route()). The default, groups of m ~ sqrt(L) layers, splits the
-    same sum exactly by where a source lives (the static routers are linear and known before the pass): phase 1,
-    when a group starts, routes the completed groups' sources for all m layers of the new group at once (their
-    router rows stacked); phase 2, each layer adds its own group's. A source is read once per later group."""
+    """The stacked KV of one forward pass (every layer's [k; v] so far) and eq. (2) read from it.
+    As written, each layer reads every source: O(L^2) small matmuls. Split over groups of m ~ sqrt(L)
+    layers, a source is read once per later group: phase 1, at a group's start, sums its routers'
+    rows over the completed groups' sources at once; phase 2, at each layer, adds its own group's."""
 
     def __init__(self, routers, group_size):
-        self.routers, self.group_size = routers, group_size  # routers: every layer's Router (None at layer 0)
-        self.sources, self.partial, self.own = [], None, {}  # each layer's [k; v]; phase 1's sums; phase 2's weights
+        self.routers, self.group_size = routers, group_size  # every layer's Router (layer 0: None)
+        self.sources = []  # each layer's [k; v], (H_kv, 2, B, T, d_h)
+        self.partial, self.own = {}, {}  # the group's layers' phase-1 sums and phase-2 columns
 
     def append(self, kv):
-        layer, m = len(self.sources), self.group_size
+        """Add a layer's [k; v] (H_kv, 2, B, T, d_h); at a group's start, run its phase 1."""
+        layer, m, n = len(self.sources), self.group_size, kv.size(0)
         self.sources.append(kv)
-        if layer % m:  # not a group's start
+        if layer % m:  # not a group's first layer
             return
-        routers = [r for r in self.routers[layer:layer + m] if r is not None]  # layer 0 has none
-        first = min([layer] + [s // m * m for r in routers for s in r.layers if s < layer])  # phase 1 reads from
-        cut = (layer - first) * kv.size(0)  # the completed layers' columns from there on: phase 1's
-        parts = [(r.matrix()[:, first * kv.size(0):] if first else r.matrix()).split(  # one op, backward one cat
-            [cut, (r.layer + 1 - layer) * kv.size(0)], dim=1) for r in routers]
-        self.own = {r.layer: own for r, (_, own) in zip(routers, parts)}  # phase 2: its own group's columns
-        self.partial = None if not cut else route(  # phase 1: the group's rows over the completed layers, at once
-            torch.cat([done for done, _ in parts]), self.sources[first:layer]).split(kv.size(0))
+        routers = [r for r in self.routers[layer:layer + m] if r is not None]
+        parts = [r.matrix().split([layer * n, (r.layer + 1 - layer) * n], dim=1) for r in routers]
+        self.own = {r.layer: own for r, (_, own) in zip(routers, parts)}  # phase 2's columns
+        self.partial = {}
+        if layer:  # phase 1: the group's routers over the completed layers, one sum
+            stacked = torch.cat([done for done, _ in parts])  # (routers * H_kv, layer * H_kv)
+            sums = route(stacked, self.sources[:layer]).split(n)
+            self.partial = {r.layer: s for r, s in zip(routers, sums)}
 
-    def read(self, router):
-        """k~, v~ of the router's layer: phase 2 (its own group) plus its rows of phase 1."""
-        first = router.layer - router.layer % self.group_size  # the first layer of its group
-        partial = None if self.partial is None else self.partial[router.layer - first]
-        return route(self.own[router.layer], self.sources[first:router.layer + 1], partial)
-
-
-def route_group_size(n_layer):
-    """Layers per group of KVStack's two-phase sum: about sqrt(L) (dev/route_groups.py measures others)."""
-    return max(1, round(math.sqrt(n_layer)))
-
-
-def route(weight, sources, out=None):
-    """eq. (2) for a static router: weight (H_out, S) over `sources`, a list of (H_src, 2, B, T, d_h), plus out, a
-    partial sum (H_out, 2, B, T, d_h). Only the sources, which every reader saves, are saved: O(L) memory."""
-    if torch.compiler.is_compiling():  # the compiler derives backward itself: RouteSum's, compiled for CUDA,
-        # gave wrong gradients (docs/performance.md); a matmul per source keeps saving only the sources
-        parts = [w.mm(src.flatten(1)) for w, src in zip(weight.split([s.size(0) for s in sources], 1), sources)]
-        total = sum(parts[1:], parts[0]).view(-1, *sources[0].shape[1:])  # (H_out, 2, B, T, d_h)
-        return total if out is None else total + out
-    return RouteSum.apply(weight, out, *sources)
-
-
-# ----------------------------------------------------------------------------- speed: route()'s sum by hand
-def concat(sources, dtype=None):  # (S, 2*B*T*d_h), cast only where the dtype differs (.to() is an op too)
-    x = torch.cat([src.view(src.size(0), -1) for src in sources])  # viewed first: not forward's cat
-    return x if dtype in (None, x.dtype) else x.to(dtype)
-
-
-class RouteSum(torch.autograd.Function):
-    """W @ [S_1; S_2; ...] (+ out), backward by hand: the same function (tested against route_reference and by
-    gradcheck) in one matmul each way instead of autograd's ~20 small ops per source. No concatenation is kept."""
-
-    @staticmethod
-    def forward(ctx, *inputs):  # one *args: dynamo cannot trace (weight, out, *sources) under no_grad
-        weight, out, *sources = inputs
-        ctx.save_for_backward(weight, *sources)
-        total = weight.mm(torch.cat(sources).flatten(1)).view(-1, *sources[0].shape[1:])  # (H_out, 2, B, T, d_h)
-        return total if out is None else total.add_(out)
-
-    @staticmethod
-    def backward(ctx, grad):  # grad: (H_out, 2, B, T, d_h); autograd casts each result to its input's dtype
-        weight, *sources = ctx.saved_tensors
-        shape, grad = grad.shape[1:], grad.reshape(grad.size(0), -1)
-        grad_weight = grad.mm(concat(sources, grad.dtype).t())  # forward's cat, compiled, would be kept: O(L*m)
-        grad_sources = weight.to(grad.dtype).t().mm(grad).view(-1, *shape).split([s.size(0) for s in sources])
-        return (grad_weight, grad.view(-1, *shape) if ctx.needs_input_grad[1] else None, *grad_sources)
+    def routed(self, router, x):
+        """k~, v~ of the router's layer (H_kv, 2, B, T, d_h): phase 2 over its own group's sources
+        plus its phase-1 sum; a dynamic router adds its per-token part. x: the layer's input."""
+        group = router.layer - router.layer % self.group_size  # the first layer of its group
+        kv = route(self.own[router.layer], self.sources[group:], self.partial.get(router.layer))
+        if router.dynamic is not None:  # R(x_t) = R + delta(x_t), one source layer at a time
+            delta = router.dynamic(x).view(*x.shape[:2], router.n_kv, -1)  # (B, T, H, S)
+            for w, j in zip(delta.split(router.n_kv, dim=-1), router.layers):
+                src = self.sources[j]  # (H_src, 2, B, T, d_h)
+                w = w.permute(2, 3, 0, 1)[:, :, None, ..., None]  # (H, H_src, 1, B, T, 1)
+                kv = kv + (w.to(src.dtype) * src).sum(1)  # a broadcast product: einsum saves copies
+        return kv
 
 
 # ----------------------------------------------------------------------------- end of LIMe
 
 
 class KVCache:
-    """Per-layer keys and values as attention uses them, for incremental decoding. For LIMe these are the routed,
-    RoPE'd k~, v~: they depend only on their own position, so caching them is exact, at the baseline's size."""
+    """Per-layer keys and values as attention reads them, for incremental decoding. LIMe's routed,
+    RoPE'd k~, v~ depend only on their position: caching them is exact, at the baseline's size."""
 
     def __init__(self, config):
         self.block_size, self.pos = config.block_size, 0
@@ -263,49 +218,57 @@ class Attention(nn.Module):
 
     def __init__(self, config, layer):
         super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.n_embd // config.n_head
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.n_embd // config.n_head
         self.layer, self.dropout = layer, config.dropout
         self.q_proj = nn.Linear(config.n_embd, self.n_head * self.head_dim, bias=False)
         self.kv_proj = nn.Linear(config.n_embd, 2 * self.n_kv_head * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=False)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.router = Router(config, layer) if config.lime and layer > 0 else None  # layer 0 reads its own k, v
+        # LIMe: layer 0 reads only its own k, v and has no router
+        self.router = Router(config, layer) if config.lime and layer > 0 else None
 
     def forward(self, x, rope, kv_stack=None, cache=None):
+        q, k, v = self.qkv(x)
+        if kv_stack is not None:  # LIMe: k, v mixed with every earlier layer's (eq. 2)
+            k, v = self.routed_kv(x, k, v, kv_stack)
+        return self.out(self.attend(q, k, v, rope, cache))
+
+    def qkv(self, x):
+        """This layer's q (B, T, H, d_h) and its own k, v (B, T, H_kv, d_h) each, before RoPE."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim)
-        kv = self.kv_proj(x).view(B, T, 2, self.n_kv_head, self.head_dim)
-        if kv_stack is None:
-            k, v = kv.unbind(2)  # (B, T, H_kv, d_h) each
-        else:  # LIMe: this layer's pre-RoPE k, v routed with every earlier layer's (eq. 2)
-            k, v = self.lime(x, kv, kv_stack)
-        return self.resid_dropout(self.o_proj(self.attend(q, k, v, rope, cache)))
+        k, v = self.kv_proj(x).view(B, T, 2, self.n_kv_head, self.head_dim).unbind(2)
+        return q, k, v
+
+    def routed_kv(self, x, k, v, kv_stack):
+        """LIMe's k~, v~ (eq. 2): this layer's k, v join the stacked KV, heads outermost, and its
+        router mixes every layer's so far (layer 0 keeps its own). x: the layer's input."""
+        kv = torch.stack([t.permute(2, 0, 1, 3) for t in (k, v)], dim=1)  # (H_kv, 2, B, T, d_h)
+        kv_stack.append(kv)
+        if self.router is not None:
+            kv = kv_stack.routed(self.router, x)
+        return kv.permute(2, 3, 0, 1, 4).unbind(3)  # (B, T, H_kv, d_h) each
 
     def attend(self, q, k, v, rope, cache=None):
-        """Causal attention of q (B, T, H, d_h) over k, v (B, T, H_kv, d_h), RoPE applied here; with a cache,
-        over every cached key too. Returns (B, T, H * d_h) for o_proj."""
+        """Causal attention of q (B, T, H, d_h) over k, v (B, T, H_kv, d_h), RoPE applied here;
+        with a cache, over every cached key too. Returns (B, T, H * d_h)."""
         B, T, _, _ = q.shape
         pos = cache.pos if cache is not None else 0
         q, k = rope(q, pos), rope(k, pos)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # views: y comes back (B, T, H, d_h), no copy
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, d_h): views
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
-        # queries at pos..pos+T-1 see every cached key up to their own position; one new token sees the whole
-        # cache: no mask, which keeps the flash kernels available
+        # queries at pos..pos+T-1 see every cached key up to their own position; one new token sees
+        # the whole cache: no mask, which keeps the flash kernels available
         mask = torch.ones(T, pos + T, dtype=torch.bool, device=q.device).tril(pos) if pos > 0 and T > 1 else None
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=pos == 0,
                                            dropout_p=self.dropout if self.training else 0.0,
                                            enable_gqa=self.n_kv_head != self.n_head)
         return y.transpose(1, 2).reshape(B, T, -1)
 
-    def lime(self, x, kv, kv_stack):
-        """LIMe's keys and values: kv (B, T, 2, H_kv, d_h) joins the stacked KV, heads outermost, and the
-        router mixes every layer's so far into this layer's (layer 0 keeps its own)."""
-        kv = kv.permute(3, 2, 0, 1, 4).contiguous()  # (H_kv, 2, B, T, d_h)
-        kv_stack.append(kv)
-        if self.router is not None:
-            kv = self.router(x, kv_stack)
-        return kv.permute(2, 3, 0, 1, 4).unbind(3)  # (B, T, H_kv, d_h) each
+    def out(self, y):  # y: (B, T, H * d_h), attention's output
+        return self.resid_dropout(self.o_proj(y))
 
 
 class MLP(nn.Module):
@@ -351,14 +314,17 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
         self.rope = RoPE(config)
-        self.route_group_size = config.route_group_size or route_group_size(config.n_layer)  # LIMe's sum (KVStack)
-        # GPT-2 init; the projections back into the residual stream scaled by 1/sqrt(2L); routers below.
+        # KVStack's groups: about sqrt(L) layers (dev/route_groups.py times others)
+        self.route_group_size = config.route_group_size or max(1, round(math.sqrt(config.n_layer)))
+        # GPT-2 init; the projections into the residual stream scaled by 1/sqrt(2L); routers below.
         nn.init.normal_(self.transformer.wte.weight, std=0.02)
+        residual_std = 0.02 / math.sqrt(2 * config.n_layer)
         for block in self.transformer.h:
             attn, mlp = block.attn, block.mlp
-            for linear in (attn.q_proj, attn.kv_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+            for linear in (attn.q_proj, attn.kv_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
+                           mlp.down_proj):
                 residual = linear is attn.o_proj or linear is mlp.down_proj
-                nn.init.normal_(linear.weight, std=0.02 / math.sqrt(2 * config.n_layer) if residual else 0.02)
+                nn.init.normal_(linear.weight, std=residual_std if residual else 0.02)
         if not config.tie_embeddings:
             nn.init.normal_(self.lm_head.weight, std=0.02)
         # LIMe's routers draw last: one seed gives LIMe the baseline's weights
@@ -366,23 +332,20 @@ class GPT(nn.Module):
             router.reset_parameters()
 
     def get_num_params(self, non_embedding=False):
-        """The parameter count (a tied weight counted once). non_embedding: less the token embedding and the
-        output layer (one matrix when tied), the count that scaling laws and tokens per parameter use."""
+        """The parameter count; non_embedding: less the embedding and the output layer."""
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            n -= self.transformer.wte.weight.numel()
-            if not self.config.tie_embeddings:
-                n -= self.lm_head.weight.numel()
+        if non_embedding:  # a set: the tied head is the embedding
+            n -= sum(p.numel() for p in {self.transformer.wte.weight, self.lm_head.weight})
         return n
 
     def forward(self, idx, targets=None, cache=None):
         B, T = idx.shape
         pos = cache.pos if cache is not None else 0
         if pos + T > self.config.block_size:
-            raise ValueError(f"sequence of {pos + T} tokens exceeds block_size={self.config.block_size}")
+            raise ValueError(f"{pos + T} tokens exceed block_size={self.config.block_size}")
         x = self.transformer.drop(self.transformer.wte(idx))  # (B, T, n_embd)
-        kv_stack = KVStack([block.attn.router for block in self.transformer.h],  # LIMe: every layer's [k; v] so far
-                           self.route_group_size) if self.config.lime else None
+        routers = [block.attn.router for block in self.transformer.h]
+        kv_stack = KVStack(routers, self.route_group_size) if self.config.lime else None  # eq. (2)
         x = self.run_blocks(x, kv_stack, cache)
         x = self.transformer.ln_f(x)
         if cache is not None:
@@ -390,7 +353,7 @@ class GPT(nn.Module):
         if targets is None:  # inference: only the last position's logits
             return self.lm_head(x[:, [-1], :]), None
         logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
         return logits, loss
 
     def run_blocks(self, x, kv_stack=None, cache=None):
@@ -400,25 +363,23 @@ class GPT(nn.Module):
         return x
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, stop_token=None, top_p=1.0):
-        """Sample max_new_tokens tokens after idx (B, T); top_k=1 is greedy. top_p < 1: nucleus sampling, among
-        the fewest most likely tokens (of the top_k) whose probabilities sum to at least top_p. With the cache,
-        the prompt is prefilled once and each step feeds one token. Past block_size the window slides, as in
-        nanoGPT (the last block_size tokens recomputed each step), so use_cache never changes the result.
-        stop_token: stop once every row has sampled it (the rows as long as they would be at that step)."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True,
+                 stop_token=None, top_p=1.0):
+        """Sample max_new_tokens tokens after idx (B, T); top_k=1 is greedy; top_p < 1: nucleus
+        sampling. The cache changes nothing (past block_size the window slides, recomputed, as in
+        nanoGPT). stop_token: stop once every row has sampled it."""
         cache, prompt_len = None, idx.size(1)
         for _ in range(max_new_tokens):
             if use_cache and idx.size(1) <= self.config.block_size:
-                feed = idx if cache is None else idx[:, -1:]  # the prompt once, then one token a step
-                cache = KVCache(self.config) if cache is None else cache
-                logits, _ = self(feed, cache=cache)
+                cache = cache or KVCache(self.config)  # the prompt once, then a token a step
+                logits, _ = self(idx if cache.pos == 0 else idx[:, -1:], cache=cache)
             else:
                 logits, _ = self(idx[:, -self.config.block_size:])
             logits = logits[:, -1, :] / max(temperature, 1e-8)
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                 logits[logits < v[:, [-1]]] = -float("inf")
-            if top_p < 1.0:  # drop the tokens ranked after the nucleus is complete (the most likely one always stays)
+            if top_p < 1.0:  # drop the tokens ranked after the nucleus is full (never the first)
                 probs, order = F.softmax(logits, dim=-1).sort(dim=-1, descending=True)
                 after = probs.cumsum(dim=-1) - probs >= top_p
                 logits[torch.zeros_like(after).scatter(-1, order, after)] = -float("inf")
@@ -432,10 +393,8 @@ class GPT(nn.Module):
         return idx
 
     def flops_per_token(self, seq_len=None):
-        """Forward matmul FLOPs per token (multiply-add = 2), attention over the full T x T matrix, LM head and
-        router included; training costs 3x this. Elementwise work is not counted. By this count LIMe adds 1.35 %
-        (MHA) / 0.09 % (GQA) at the paper's 1B shape, T = 2048; the paper's Table 8, an fvcore trace, gives
-        +1.22 % / +0.08 % (its parameter counts we reproduce exactly)."""
+        """Forward matmul FLOPs per token (multiply-add = 2; the full T x T attention, LM head and
+        routers included; elementwise work not, unlike the paper's Table 8: docs/deviations.md)."""
         c = self.config
         T, d, hd, L = seq_len or c.block_size, c.n_embd, c.n_embd // c.n_head, c.n_layer
         per_layer = (2 * d * c.n_head * hd * 2           # q and o projections
@@ -451,54 +410,21 @@ class GPT(nn.Module):
                     flops += 2 * d * c.n_kv_head * S + 2 * c.n_kv_head * S * 2 * hd
         return flops
 
-    def estimate_mfu(self, tokens_per_iter, dt, peak_flops, seq_len=None):
-        """Model FLOPs utilisation: training FLOPs per second (3x forward) over peak_flops."""
+    def estimate_mfu(self, tokens_per_iter, dt, peak_flops, seq_len=None):  # training: 3x forward
         return 3 * self.flops_per_token(seq_len) * tokens_per_iter / dt / peak_flops
 
-    def configure_optimizers(self, weight_decay, learning_rate, router_lr, betas, device_type, eps=1e-8,
-                             optimizer="adamw", muon_lr=0.02, muon_momentum=0.95, named_lrs=None,
-                             router_lr_scaling=""):
-        """AdamW, three groups (paper App. A): every LIMe Router parameter at router_lr without decay; the other
-        nn.Linear weights decayed; the rest (embedding, norms, other parameters) without decay. Each
-        group keeps its 'peak_lr'. optimizer='muon': [Muon, AdamW], torch.optim.Muon on the attention and MLP
-        matrices (at muon_lr, decayed; lr scaled by sqrt(max(1, rows/cols)), Keller Jordan's original rule), AdamW
-        on everything else as above. named_lrs {parameter name: peak lr}: each in a group of its own, without decay.
-        router_lr_scaling='fan_in' ('sqrt_fan_in'): a group per router instead, at router_lr * 2 H_kv / (the square
-        root of) the sources it reads (not the paper's): router_lr is that of layer 1's router, which reads two
-        layers."""
-        if router_lr_scaling not in ("", "fan_in", "sqrt_fan_in"):
-            raise ValueError(f"unknown router_lr_scaling '{router_lr_scaling}'; choose '' (off), 'fan_in' or "
-                             "'sqrt_fan_in'")
+    def configure_optimizers(self, weight_decay, learning_rate, router_lr, betas, device_type, eps=1e-8):
+        """AdamW in the paper's three groups (App. A): the nn.Linear weights decayed; the rest
+        (embedding, norms) not; LIMe's routers at router_lr, not decayed. Each group keeps its lr as
+        'peak_lr', the top of the schedule. (Other optimizers: nanolime/optim.py.)"""
         routers = {id(p) for m in self.modules() if isinstance(m, Router) for p in m.parameters()}
-        linears = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)}
-        linears -= routers | {id(self.transformer.wte.weight)}  # the tied LM head is the embedding
-        matrices = set()  # the blocks' projections: the Linear layers of Attention and MLP, routers aside
-        if optimizer == "muon":
-            matrices = {id(m.weight) for block in self.transformer.h for part in (block.attn, block.mlp)
-                        for m in part.modules() if isinstance(m, nn.Linear)} - routers
-        elif optimizer != "adamw":
-            raise ValueError(f"unknown optimizer '{optimizer}'; choose 'adamw' or 'muon'")
-        named_lrs = named_lrs or {}
-        groups = {"muon": [], "decay": [], "no_decay": [], "router": [], **{n: [] for n in named_lrs}}
-        for n, p in self.named_parameters():
-            name = (n if n in named_lrs else "muon" if id(p) in matrices else "router" if id(p) in routers
-                    else "decay" if id(p) in linears else "no_decay")
-            groups[name].append(p)
-        settings = dict(decay=(weight_decay, learning_rate), no_decay=(0.0, learning_rate), router=(0.0, router_lr),
-                        **{n: (0.0, lr) for n, lr in named_lrs.items()})
-        param_groups = [dict(name=name, params=groups[name], weight_decay=wd, lr=lr, peak_lr=lr)
-                        for name, (wd, lr) in settings.items() if groups[name]]
-        if router_lr_scaling and groups["router"]:  # under Adam a router's update moves k~ by about its lr times the
-            # number of sources it sums (correlated ones) or its square root (independent ones)
-            in_group = {id(p) for p in groups["router"]}
-            param_groups = [g for g in param_groups if g["name"] != "router"] + [
-                dict(name=f"router.{m.layer}", params=params, weight_decay=0.0, lr=lr, peak_lr=lr)
-                for m in self.modules() if isinstance(m, Router)
-                for params in [[p for p in m.parameters() if id(p) in in_group]] if params
-                for lr in [router_lr * (2 / len(m.layers)) ** (0.5 if router_lr_scaling == "sqrt_fan_in" else 1)]]
-        adamw = torch.optim.AdamW(param_groups, betas=betas, eps=eps, fused=device_type == "cuda")
-        if optimizer == "adamw":
-            return adamw
-        muon = torch.optim.Muon([dict(name="muon", params=groups["muon"], lr=muon_lr, peak_lr=muon_lr)],
-                                lr=muon_lr, weight_decay=weight_decay, momentum=muon_momentum)
-        return [muon, adamw]
+        linears = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)} - routers
+        linears.discard(id(self.transformer.wte.weight))  # the tied LM head is the embedding
+        groups = dict(decay=(weight_decay, learning_rate), no_decay=(0.0, learning_rate),
+                      router=(0.0, router_lr))
+        params = {name: [] for name in groups}
+        for p in self.parameters():
+            params["router" if id(p) in routers else "decay" if id(p) in linears else "no_decay"].append(p)
+        return torch.optim.AdamW([dict(name=name, params=params[name], weight_decay=wd, lr=lr, peak_lr=lr)
+                                  for name, (wd, lr) in groups.items() if params[name]],
+                                 betas=betas, eps=eps, fused=device_type == "cuda")

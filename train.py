@@ -27,6 +27,7 @@ from nanolime.checkpoint import atomic_save, load_checkpoint, claim_out_dir, che
     load_optimizers, collect_states, resumed_counts, resumed_rng, check_same_weights, git_commit, load_weights, \
     CKPT_NAME, CKPT_MARKER
 from nanolime.data import data_id, data_info, get_batch
+from nanolime.optim import configure_optimizers
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -187,11 +188,11 @@ if ckpt is not None:  # the weights first: FSDP shards them, and the optimizer i
 if fsdp:
     sharding.shard(model, ptdtype, use_compile)
 try:
-    optimizers = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2), device_type,
-                                            optimizer=optimizer, muon_lr=muon_lr, muon_momentum=muon_momentum,
-                                            named_lrs={'attn_res.query': attnres_query_lr}
-                                            if attnres and attnres_query_lr else None,
-                                            router_lr_scaling=router_lr_scaling)
+    optimizers = configure_optimizers(model, weight_decay, learning_rate, router_lr, (beta1, beta2), device_type,
+                                      optimizer=optimizer, muon_lr=muon_lr, muon_momentum=muon_momentum,
+                                      named_lrs={'attn_res.query': attnres_query_lr}
+                                      if attnres and attnres_query_lr else None,
+                                      router_lr_scaling=router_lr_scaling)
 except ValueError as e:  # an optimizer the model has no rules for (CompleteP's are AdamW's)
     raise UserError(str(e)) from None
 optimizers = optimizers if isinstance(optimizers, list) else [optimizers]

@@ -66,19 +66,39 @@ def sync():
         torch.cuda.synchronize(dev)
 
 
+MATMULS = ('aten::mm', 'aten::addmm', 'aten::bmm', 'aten::baddbmm')
+COPIES = ('aten::copy_', 'aten::cat', 'aten::stack', 'aten::clone', 'aten::zero_', 'aten::fill_')
+
+
+def phase(event):
+    """'backward' for an op autograd's engine ran, 'optimizer' for the optimizer's step, else 'forward'."""
+    while event is not None:
+        if event.name.startswith('autograd::engine::evaluate_function'):
+            return 'backward'
+        if event.name.startswith('Optimizer.'):
+            return 'optimizer'
+        event = event.cpu_parent
+    return 'forward'
+
+
 def profile_ops(r, mode, x, y):
-    """One train step under torch.profiler -> {op: self ms}."""
+    """One train step under torch.profiler -> ({op: self ms}, {(phase, kind): self CPU ms}); kind: matmul,
+    copy (copies, concatenations, fills) or other."""
     cuda = dev.type == 'cuda'
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with torch.profiler.profile(activities=acts) as prof:
         train_step(r, x, y, ctx, mode)
         sync()
-    ops = {}
+    ops, kinds = {}, {}
     for e in prof.key_averages():
         ms = (e.self_device_time_total if cuda else e.self_cpu_time_total) / 1e3
         if ms > 0:
             ops[e.key] = ops.get(e.key, 0.0) + ms
-    return ops
+    for e in prof.events():
+        kind = 'matmul' if e.name in MATMULS else 'copy' if e.name in COPIES else 'other'
+        key = (phase(e), kind)
+        kinds[key] = kinds.get(key, 0.0) + e.self_cpu_time_total / 1e3
+    return ops, kinds
 
 
 def profile_section(sname, n_kv, mode):
@@ -86,11 +106,14 @@ def profile_section(sname, n_kv, mode):
     for i in range(warmup):
         for r in runners.values():
             train_step(r, *batch(i), ctx, mode)
-    acc = {name: {} for name in runners}
+    acc, by_kind = {name: {} for name in runners}, {name: {} for name in runners}
     for i in range(profile_steps):  # interleaved, like bench.py's timing
         for name, r in runners.items():
-            for op, ms in profile_ops(r, mode, *batch(warmup + i)).items():
+            ops, kinds = profile_ops(r, mode, *batch(warmup + i))
+            for op, ms in ops.items():
                 acc[name][op] = acc[name].get(op, 0.0) + ms / profile_steps
+            for key, ms in kinds.items():
+                by_kind[name][key] = by_kind[name].get(key, 0.0) + ms / profile_steps
     for name, ops in acc.items():
         total = sum(ops.values())
         print(f"\n[{sname}] {name}: self {'device' if dev.type == 'cuda' else 'CPU'} time per step {total:.2f} ms")
@@ -105,6 +128,14 @@ def profile_section(sname, n_kv, mode):
               f"{sum(base.values()):.2f} ({sum(diff.values()):+.2f})")
         for op, d in sorted(diff.items(), key=lambda item: -abs(item[1]))[:profile_top]:
             print(f"  {op[:70]:70s} {d:+9.2f}   ({ops.get(op, 0.0):.2f} vs {base.get(op, 0.0):.2f})")
+        mine, theirs = by_kind[name], by_kind['baseline']
+        extra = sum(mine.values()) - sum(theirs.values())
+        print(f"[{sname}] {name} minus baseline by phase and kind, self CPU ms per step (share of the extra "
+              f"{extra:+.2f} ms; total {sum(mine.values()) / sum(theirs.values()):.3f}x the baseline's):")
+        for key in sorted(set(mine) | set(theirs)):
+            d = mine.get(key, 0.0) - theirs.get(key, 0.0)
+            print(f"  {key[0]:>9} {key[1]:>6} {d:+9.2f} ({100 * d / extra:+5.1f}%)   "
+                  f"({mine.get(key, 0.0):.2f} vs {theirs.get(key, 0.0):.2f})")
 
 
 def decode_section(sname, n_kv):

@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 from model import route_reference  # noqa: E402
+from nanolime.optim import configure_optimizers  # noqa: E402
 from relatives import RelativesConfig, build_model  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -41,7 +42,7 @@ router_lr = 1e-2
 weight_decay = 0.1
 beta2 = 0.99
 seed = 0
-router_lr_scaling = ''     # '', 'fan_in' or 'sqrt_fan_in' (model.GPT.configure_optimizers) for lime, lime-completep
+router_lr_scaling = ''     # '', 'fan_in' or 'sqrt_fan_in' (nanolime/optim.py) for lime, lime-completep
 plot_path = 'docs/coord_check.png'
 # -----------------------------------------------------------------------------
 QUANTITIES = ('act', 'kv', 'd_act', 'd_kv', 'd_kv_rout', 'd_w', 'd_w_rout')
@@ -110,7 +111,7 @@ def check(setting, n_layer, batches, probe_x, config=None):
                                         n_head=c['n_head'], n_embd=c['n_embd'], lime=setting != 'baseline', **extra))
     scaling = setting[len('lime-'):] if setting.endswith('fan_in') else c['router_lr_scaling']
     kwargs = {'router_lr_scaling': scaling} if scaling else {}
-    opt = model.configure_optimizers(c['weight_decay'], c['learning_rate'], c['router_lr'], (0.9, c['beta2']), 'cpu',
+    opt = configure_optimizers(model, c['weight_decay'], c['learning_rate'], c['router_lr'], (0.9, c['beta2']), 'cpu',
                                      **kwargs)
     probe = Probe(model)
     before, out = probe(probe_x), {q: [] for q in QUANTITIES}

@@ -82,13 +82,8 @@ class CompleteP:
             block.attn.register_forward_hook(partial(scale_output, multiplier))
             block.mlp.register_forward_hook(partial(scale_output, multiplier))
 
-    def configure_optimizers(self, weight_decay, learning_rate, router_lr, betas, device_type, eps=1e-8,
-                             optimizer="adamw", **kwargs):
+    def configure_optimizers(self, weight_decay, learning_rate, router_lr, betas, device_type, eps=1e-8):
         """model.GPT's groups, AdamW's epsilon times m_L^-alpha in every group (the lr and the weight decay of every
         group stay: their factors are 1 at alpha = 1 and fixed width)."""
-        if optimizer != "adamw":
-            raise ValueError(f"depth_scaling='completep' has AdamW's rules (CompleteP's Table 1), none for "
-                             f"optimizer='{optimizer}': use optimizer='adamw'")
         eps = eps * depth_multiplier(self.config) ** -COMPLETEP_ALPHA
-        return super().configure_optimizers(weight_decay, learning_rate, router_lr, betas, device_type, eps=eps,
-                                            optimizer=optimizer, **kwargs)
+        return super().configure_optimizers(weight_decay, learning_rate, router_lr, betas, device_type, eps=eps)

@@ -149,13 +149,10 @@ def mudd_attention(attn, x_q, x_k, x_v, rope, kv_stack, cache):
     B, T, _ = x_q.shape
     q = attn.q_proj(x_q).view(B, T, attn.n_head, attn.head_dim)
     w_k, w_v = attn.kv_proj.weight.chunk(2)
-    kv = torch.stack((F.linear(x_k, w_k), F.linear(x_v, w_v)), dim=2)  # (B, T, 2, H_kv * d_h)
-    kv = kv.view(B, T, 2, attn.n_kv_head, attn.head_dim)
-    if kv_stack is None:
-        k, v = kv.unbind(2)  # (B, T, H_kv, d_h) each
-    else:  # LIMe routes these keys and values as the baseline's
-        k, v = attn.lime(x_q, kv, kv_stack)
-    return attn.resid_dropout(attn.o_proj(attn.attend(q, k, v, rope, cache)))
+    k, v = (F.linear(x, w).view(B, T, attn.n_kv_head, attn.head_dim) for x, w in ((x_k, w_k), (x_v, w_v)))
+    if kv_stack is not None:  # LIMe routes these keys and values as the baseline's
+        k, v = attn.routed_kv(x_q, k, v, kv_stack)
+    return attn.out(attn.attend(q, k, v, rope, cache))
 
 
 RELATIVE = Relative(OPTIONS, check, attach, reset_parameters, stream, flops, rewires_stream=True,

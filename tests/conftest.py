@@ -223,12 +223,12 @@ def build(seed=0, **kw):
     return model
 
 
-def plain_router_forward(self, x, kv_stack):
-    """Router.forward through the plain eq. (2): the full matrix over the stacked KV."""
-    R = self.matrix()
-    if self.dynamic is not None:
-        R = R + self.dynamic(x).view(*x.shape[:2], *R.shape)
-    return model.route_reference(R, torch.cat(kv_stack.sources))
+def plain_routed(self, router, x):
+    """KVStack.routed through the plain eq. (2): the router's full matrix over the whole stacked KV."""
+    R = router.matrix()
+    if router.dynamic is not None:
+        R = R + router.dynamic(x).view(*x.shape[:2], *R.shape)
+    return model.route_reference(R, torch.cat(self.sources))
 
 
 def scramble(model):

@@ -18,7 +18,7 @@ from torch._dynamo.utils import counters
 from nanolime import checkpoint
 import model as M
 from conftest import ok, run
-from conftest import GROUPINGS, VARIANTS, build, loss_and_grads, plain_router_forward, scramble, step_logits
+from conftest import GROUPINGS, VARIANTS, build, loss_and_grads, plain_routed, scramble, step_logits
 
 # float32 runs with TF32 off (conftest.full_float32), so that the float32 tolerances are float32's
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -54,7 +54,7 @@ def test_bf16_autocast_matches_the_float32_reference(router, n_kv_head, monkeypa
     with torch.autocast(DEV, dtype=torch.bfloat16):
         logits, grads = loss_and_grads(model, x, y)
     with monkeypatch.context() as patch:
-        patch.setattr(M.Router, 'forward', plain_router_forward)
+        patch.setattr(M.KVStack, 'routed', plain_routed)
         ref_logits, ref_grads = loss_and_grads(model, x, y)
     assert logits.dtype == torch.bfloat16 and ref_logits.dtype == torch.float32
     assert rel(logits, ref_logits) <= 0.015
@@ -92,7 +92,7 @@ def test_two_phase_routing_matches_eq2_on_cuda(n_kv_head, monkeypatch):
             x, y = tokens(2, 16), tokens(2, 16, seed=1)
             fast_logits, fast_grads = loss_and_grads(model, x, y)
             with monkeypatch.context() as patch:
-                patch.setattr(M.Router, 'forward', plain_router_forward)
+                patch.setattr(M.KVStack, 'routed', plain_routed)
                 ref_logits, ref_grads = loss_and_grads(model, x, y)
             where = f"router={router}, L={n_layer}, group={group}"
             torch.testing.assert_close(fast_logits, ref_logits, atol=1e-5, rtol=1e-5, msg=where)

@@ -10,9 +10,10 @@ import torch.nn.functional as F
 
 import model as M
 import relatives
-from conftest import (GROUPINGS, V, VARIANTS, build, loss_and_grads, plain_router_forward, saved_bytes, scramble,
+from conftest import (GROUPINGS, V, VARIANTS, build, loss_and_grads, plain_routed, saved_bytes, scramble,
                       step_logits, tiny)
 from model import GPT, GPTConfig, KVCache
+from nanolime.optim import configure_optimizers
 from relatives import build_model
 
 @pytest.mark.parametrize("router", VARIANTS)
@@ -27,7 +28,7 @@ def test_fast_path_matches_the_plain_reference(router, n_kv_head, monkeypatch):
         x, y = torch.randint(0, V, (2, 16)), torch.randint(0, V, (2, 16))
         fast_logits, fast_grads = loss_and_grads(model, x, y)
         with monkeypatch.context() as patch:
-            patch.setattr(M.Router, "forward", plain_router_forward)
+            patch.setattr(M.KVStack, "routed", plain_routed)
             ref_logits, ref_grads = loss_and_grads(model, x, y)
         torch.testing.assert_close(fast_logits, ref_logits, atol=1e-5, rtol=1e-5)
         assert fast_grads.keys() == ref_grads.keys()
@@ -67,7 +68,7 @@ def test_rope_is_the_half_split_rotation():
 
 
 def test_two_phase_groups_default_to_about_sqrt_depth():
-    assert [M.route_group_size(L) for L in (1, 4, 16, 32, 64, 128)] == [1, 2, 4, 6, 8, 11]
+    assert [build(lime=True, n_layer=L).route_group_size for L in (1, 4, 16, 32, 64)] == [1, 2, 4, 6, 8]
     assert build(lime=True, n_layer=16).route_group_size == 4
 
 
@@ -349,7 +350,7 @@ def test_optimizer_groups_hold_every_parameter_once():
         if kw.get("lime"):
             assert any(g["name"] == "router" for g in opt.param_groups)
     model = build(attnres="block")  # named_lrs: a parameter in a group of its own, at its own peak, no decay
-    opt = model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu", named_lrs={"attn_res.query": 3e-3})
+    opt = configure_optimizers(model, 0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu", named_lrs={"attn_res.query": 3e-3})
     named = [g for g in opt.param_groups if g["name"] == "attn_res.query"]
     assert len(named) == 1 and named[0]["params"] == [model.attn_res.query]
     assert named[0]["lr"] == named[0]["peak_lr"] == 3e-3 and named[0]["weight_decay"] == 0
@@ -405,20 +406,20 @@ def test_config_validation(bad, match):
 
 
 @pytest.mark.parametrize("router", ["full", "dynamic"])
-def test_no_kv_source_outlives_its_step(router):
+def test_no_kv_source_outlives_its_step(router, monkeypatch):
     """The memory of every layer's [k; v] (the stacked KV) and routed output is freed by
     backward, even while the loss and logits live: nothing but the autograd graph holds it,
     so two steps' stacks never coexist."""
     from torch.multiprocessing.reductions import StorageWeakRef
-    refs = []
+    refs, routed = [], M.KVStack.routed
 
-    def track(module, args, output):
-        x, kv_stack = args
-        refs.extend(StorageWeakRef(t.untyped_storage()) for t in (*kv_stack.sources, output))
+    def track(kv_stack, router, x):
+        out = routed(kv_stack, router, x)
+        refs.extend(StorageWeakRef(t.untyped_storage()) for t in (*kv_stack.sources, out))
+        return out
 
+    monkeypatch.setattr(M.KVStack, "routed", track)
     model = build(lime=True, router=router)
-    for block in model.transformer.h[1:]:
-        block.attn.router.register_forward_hook(track)
     x = torch.randint(0, V, (2, 16))
     logits, loss = model(x, x)
     assert len(refs) > 4 and not all(r.expired() for r in refs)  # saved for backward

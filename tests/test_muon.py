@@ -6,6 +6,7 @@ import torch
 from conftest import MUON
 
 from model import GPT, GPTConfig, Router
+from nanolime.optim import configure_optimizers
 from relatives import RelativesConfig, build_model  # noqa: E402
 
 pytestmark = MUON
@@ -22,7 +23,7 @@ def build(**kw):
                                 dict(hc=2, mhc='dynamic', tie_embeddings=False), dict(denseformer=True, lime=True)])
 def test_muon_takes_the_block_matrices_and_nothing_else(kw):
     model = build(**kw)
-    muon, adamw = model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu", optimizer="muon", muon_lr=0.03)
+    muon, adamw = configure_optimizers(model, 0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu", optimizer="muon", muon_lr=0.03)
     assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
     names = {id(p): n for n, p in model.named_parameters()}
     on_muon = sorted(names[id(p)] for g in muon.param_groups for p in g["params"])
@@ -37,14 +38,14 @@ def test_muon_takes_the_block_matrices_and_nothing_else(kw):
     assert (muon.param_groups[0]["lr"], muon.param_groups[0]["peak_lr"]) == (0.03, 0.03)
     assert muon.param_groups[0]["weight_decay"] == 0.1
     with pytest.raises(ValueError, match="unknown optimizer"):
-        model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu", optimizer="sgd")
+        configure_optimizers(model, 0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu", optimizer="sgd")
 
 
 def test_muon_step_is_torch_muon_applied_by_hand():
     """Two steps of our [Muon, AdamW] against torch.optim.Muon and AdamW built by hand on the same split."""
     ours, ref = build(lime=True), build(lime=True)
     x = torch.randint(0, V, (2, 16))
-    opts = ours.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu", optimizer="muon", muon_lr=0.02,
+    opts = configure_optimizers(ours, 0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu", optimizer="muon", muon_lr=0.02,
                                      muon_momentum=0.9)
     matrices = [m.weight for b in ref.transformer.h for m in (b.attn.q_proj, b.attn.kv_proj, b.attn.o_proj,
                                                                b.mlp.gate_proj, b.mlp.up_proj, b.mlp.down_proj)]

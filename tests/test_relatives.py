@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from conftest import OPTIMIZERS
 import model as M
+from nanolime.optim import configure_optimizers
 import relatives as R
 from conftest import V, build, error_of, loss_and_grads, saved_bytes, step_logits, tiny
 from nanolime.variants import VARIANT_COMPONENTS
@@ -244,7 +245,7 @@ def test_mixing_weights_train_without_decay(optimizer):
         names = [n for n, _ in model.named_parameters() if n.startswith(("attn_res.", "mudd.")) or ".hc_" in n]
         assert len(names) == {"attnres": 2, "hc": 2 * 4 * 2, "mudd": 3 * 4 + 2 * 3}[next(iter(kw))]
         assert all(grads[n].abs().sum() > 0 for n in names)
-        opt = model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu", optimizer=optimizer)
+        opt = configure_optimizers(model, 0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu", optimizer=optimizer)
         adamw = opt if optimizer == "adamw" else opt[1]
         no_decay = next(g for g in adamw.param_groups if g["name"] == "no_decay")
         assert no_decay["weight_decay"] == 0 and no_decay["lr"] == 1e-3
@@ -774,7 +775,7 @@ def test_moda_projections_are_mlp_matrices(optimizer):
     """The MLPs' key/value projections are projection matrices like kv_proj: decayed with AdamW, on Muon
     with optimizer='muon'."""
     model = build(moda=True, n_kv_head=2)
-    opt = model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu", optimizer=optimizer)
+    opt = configure_optimizers(model, 0.1, 1e-3, 1e-2, (0.9, 0.95), "cpu", optimizer=optimizer)
     group = next(g for o in (opt if isinstance(opt, list) else [opt]) for g in o.param_groups
                  if g["name"] == ("decay" if optimizer == "adamw" else "muon"))
     kv = [b.mlp.moda_kv.weight for b in model.transformer.h[:-1]]
@@ -1010,7 +1011,7 @@ def completep(**kw):
 
 
 def adamw_groups(model, **kw):
-    opt = model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.99), "cpu", **kw)
+    opt = configure_optimizers(model, 0.1, 1e-3, 1e-2, (0.9, 0.99), "cpu", **kw)
     names = {id(p): n for n, p in model.named_parameters()}
     return [(g["name"], [names[id(p)] for p in g["params"]], {k: v for k, v in g.items() if k != "params"})
             for g in opt.param_groups]
@@ -1077,15 +1078,15 @@ def test_completep_adamw_eps_is_scaled_and_nothing_else(kw):
     """AdamW's eps times depth_base / n_layer in every group (the router and AttnRes's own group included); every
     group's parameters, lr, peak lr and weight decay as the standard model's (depth factors 1 at alpha = 1)."""
     named = dict(named_lrs={"attn_res.query": 3e-3}) if kw.get("attnres") else {}
-    standard = adamw_groups(build(n_layer=8, **kw), eps=1e-8, **named)
-    scaled = adamw_groups(build(**completep(n_layer=8, depth_base=2, **kw)), eps=1e-8, **named)
+    standard = adamw_groups(build(n_layer=8, **kw), **named)
+    scaled = adamw_groups(build(**completep(n_layer=8, depth_base=2, **kw)), **named)
     assert [(n, p) for n, p, _ in standard] == [(n, p) for n, p, _ in scaled]
     assert len(scaled) == 3
     for (_, _, a), (_, _, b) in zip(standard, scaled):
         assert b.pop("eps") == a.pop("eps") * 2 / 8 == 2.5e-9
         assert a == b
     with pytest.raises(ValueError, match="has AdamW's rules"):
-        build(**completep(depth_base=2)).configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.99), "cpu", optimizer="muon")
+        configure_optimizers(build(**completep(depth_base=2)), 0.1, 1e-3, 1e-2, (0.9, 0.99), "cpu", optimizer="muon")
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -1,5 +1,5 @@
 """router_lr_scaling='fan_in' ('sqrt_fan_in'): each LIMe router in an AdamW group of its own at router_lr * 2 / (the
-root of) the layers it reads (model.GPT.configure_optimizers, train.py's option); dev/coord_check.py, the depth
+root of) the layers it reads (nanolime/optim.py, train.py's option); dev/coord_check.py, the depth
 coordinate check that motivates it."""
 import importlib.util
 import math
@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from conftest import REPO, build, ckpt_of, error_of, train
+from nanolime.optim import configure_optimizers
 
 
 def groups(model, **kw):
-    return {g['name']: g for g in model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.99), 'cpu', **kw).param_groups}
+    return {g['name']: g for g in configure_optimizers(model, 0.1, 1e-3, 1e-2, (0.9, 0.99), 'cpu', **kw).param_groups}
 
 
 @pytest.mark.parametrize('scaling, power', [('fan_in', 1.0), ('sqrt_fan_in', 0.5)])
@@ -43,7 +44,7 @@ def test_no_router_no_group_and_bad_value():
 def test_adams_first_step_moves_each_router_by_its_lr():
     """Adam's first step is lr * sign(gradient) per entry (|g| >> eps): the largest change of router l is its lr."""
     model = build(n_layer=4, lime=True)
-    opt = model.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.99), 'cpu', router_lr_scaling='fan_in')
+    opt = configure_optimizers(model, 0.1, 1e-3, 1e-2, (0.9, 0.99), 'cpu', router_lr_scaling='fan_in')
     before = {l: model.transformer.h[l].attn.router.weight.detach().clone() for l in range(1, 4)}
     x = torch.randint(50, (2, 16), generator=torch.Generator().manual_seed(0))
     model(x, x)[1].backward()
