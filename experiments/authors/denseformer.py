@@ -1,6 +1,6 @@
 """DenseFormer as its authors' code computes it: the fixture tests/fixtures/authors/denseformer.pt.
 
-    python dev/authors/denseformer.py CHECKOUT [--commit=SHA]
+    python experiments/authors/denseformer.py CHECKOUT [--commit=SHA]
 
 CHECKOUT: a local checkout of epfml/DenseFormer; the fixture in the repository was made from commit
 c99a623bdb5f6611bf0d37e964c67ecbf15c3c19 (2024-03-26). Their released package, `denseformer.DWAModules`, is the
@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fixture  # noqa: E402  (dev/authors/fixture.py; puts the repository on sys.path)
+import fixture  # noqa: E402  (experiments/authors/fixture.py; puts the repository on sys.path)
 from model import GPT, GPTConfig  # noqa: E402
 
 REPO = "epfml/DenseFormer"

@@ -1,6 +1,6 @@
 """Depth-Attention as its authors' code computes it: the fixture tests/fixtures/authors/depth_attention.pt.
 
-    python dev/authors/depth_attention.py CHECKOUT [--commit=SHA]
+    python experiments/authors/depth_attention.py CHECKOUT [--commit=SHA]
 
 CHECKOUT: a local checkout of hyq718/Depth-Attention; the fixture in the repository was made for commit
 3bdad7082c7e63884c030b83d9d3ada3f63dad6d, `src/llamafactory/model/modeling/modeling_llama_depth_attention.py`. From
@@ -36,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fixture  # noqa: E402  (dev/authors/fixture.py; puts the repository on sys.path)
+import fixture  # noqa: E402  (experiments/authors/fixture.py; puts the repository on sys.path)
 from model import GPT, GPTConfig  # noqa: E402
 
 REPO = "hyq718/Depth-Attention"

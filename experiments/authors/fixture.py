@@ -1,6 +1,6 @@
-"""Shared by the scripts in dev/authors/: each builds a relative as its authors' code computes it and as nanoLIMe
-does, with the same weights, and writes what the authors' code computed to tests/fixtures/authors/<relative>.pt,
-which tests/test_authors.py checks our arm against without the authors' code.
+"""Shared by the scripts in experiments/authors/: each builds a relative as its authors' code computes it and as
+nanoLIMe does, with the same weights, and writes what the authors' code computed to
+tests/fixtures/authors/<relative>.pt, which tests/test_authors.py checks our arm against without the authors' code.
 
 A fixture holds numbers only: the authors' repository and commit, our model's options, the batch (idx, targets),
 every weight under OUR parameter name, and the authors' logits, loss and gradients (mapped to our names). The

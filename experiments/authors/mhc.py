@@ -1,6 +1,6 @@
 """mHC as its authors' code computes it: the fixture tests/fixtures/authors/mhc.pt.
 
-    python dev/authors/mhc.py CHECKOUT [--commit=SHA]
+    python experiments/authors/mhc.py CHECKOUT [--commit=SHA]
 
 CHECKOUT: a local checkout of deepseek-ai/TileKernels; the fixture in the repository was made from commit
 36d9e45d38e204ebb87e6f6e833821eee0482fe5 (2026-04-23). Their mHC kernels are TileLang (GPU only); the kernels'
@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fixture  # noqa: E402  (dev/authors/fixture.py; puts the repository on sys.path)
+import fixture  # noqa: E402  (experiments/authors/fixture.py; puts the repository on sys.path)
 from model import GPT, GPTConfig  # noqa: E402
 
 REPO = "deepseek-ai/TileKernels"

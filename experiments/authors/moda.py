@@ -1,6 +1,6 @@
 """MoDA as its authors' code computes it: the fixture tests/fixtures/authors/moda.pt.
 
-    python dev/authors/moda.py CHECKOUT [--commit=SHA]
+    python experiments/authors/moda.py CHECKOUT [--commit=SHA]
 
 CHECKOUT: a local checkout of hustvl/MoDA; the fixture in the repository was made from commit
 36a225f4aefa016da7c3e53517d617de07e384d6 (2026-04-21). The authors have released no language model (their README
@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fixture  # noqa: E402  (dev/authors/fixture.py; puts the repository on sys.path)
+import fixture  # noqa: E402  (experiments/authors/fixture.py; puts the repository on sys.path)
 from model import GPT, GPTConfig, zero_linear  # noqa: E402
 
 REPO = "hustvl/MoDA"

@@ -1,11 +1,11 @@
 """MUDDFormer as its authors' PyTorch model computes it: the fixture tests/fixtures/authors/muddformer.pt.
 
-    python dev/authors/muddformer.py CHECKOUT [--commit=SHA]
+    python experiments/authors/muddformer.py CHECKOUT [--commit=SHA]
 
 CHECKOUT: a local checkout of Caiyun-AI/MUDDFormer; the fixture in the repository was made from commit
 fc067b274a5f14894b2ee299fdcb3c581a092896 (main, 2025-02-19), `pytorch/muddformer/modeling_muddformer.py`
 (class MUDDFormer, which needs transformers and einops). It has no PrePostDANorm (their JAX code has it:
-dev/authors/muddformer_prepost.py), so this is `mudd=True` alone.
+experiments/authors/muddformer_prepost.py), so this is `mudd=True` alone.
 
 Their settings are their released config's (`pytorch/muddformer/config.json`): dense_type 'qkvr', dynamic dense,
 separate query/key/value norms (sepln), W1's width rounded past a multiple of 64 (round64) and 4x for the last
@@ -29,7 +29,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fixture  # noqa: E402  (dev/authors/fixture.py; puts the repository on sys.path)
+import fixture  # noqa: E402  (experiments/authors/fixture.py; puts the repository on sys.path)
 
 REPO = "Caiyun-AI/MUDDFormer"
 

@@ -1,6 +1,6 @@
 """MUDDFormer with PrePostDANorm as its authors' JAX code computes it: tests/fixtures/authors/muddformer_prepost.pt.
 
-    python dev/authors/muddformer_prepost.py CHECKOUT [--commit=SHA]
+    python experiments/authors/muddformer_prepost.py CHECKOUT [--commit=SHA]
 
 Needs a Python with jax 0.4.30, flax 0.8.5, einops, pyyaml and torch (e.g. a venv of its own:
 `pip install "jax[cpu]==0.4.30" flax==0.8.5 einops pyyaml torch`; the authors' MaxText is from mid 2024).
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fixture  # noqa: E402  (dev/authors/fixture.py; puts the repository on sys.path)
+import fixture  # noqa: E402  (experiments/authors/fixture.py; puts the repository on sys.path)
 
 REPO = "Caiyun-AI/MUDDFormer"
 

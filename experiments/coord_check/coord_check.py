@@ -12,8 +12,8 @@ and 'sqrt_fan_in' at 4-64 layers of width 64, and per layer, after each step, on
   d_w_rout   RMS of the step's update of the router's weights R
 A parametrization whose quantities stay put as depth grows is one whose lr transfers across depth.
 
-$ python dev/coord_check.py                       # -> docs/coord_check.png and a table; seconds on a CPU
-$ python dev/coord_check.py --depths=4,8 --steps=2 --plot_path=''
+$ python experiments/coord_check/coord_check.py      # -> coord_check.png beside it and a table; seconds on a CPU
+$ python experiments/coord_check/coord_check.py --depths=4,8 --steps=2 --plot_path=''
 """
 import gzip
 import math
@@ -22,7 +22,9 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, REPO)
 from model import route_reference  # noqa: E402
 from relatives import RelativesConfig, build_model  # noqa: E402
 
@@ -42,7 +44,7 @@ weight_decay = 0.1
 beta2 = 0.99
 seed = 0
 router_lr_scaling = ''     # '', 'fan_in' or 'sqrt_fan_in' (model.GPT.configure_optimizers) for lime, lime-completep
-plot_path = 'docs/coord_check.png'
+plot_path = os.path.join(HERE, 'coord_check.png')
 # -----------------------------------------------------------------------------
 QUANTITIES = ('act', 'kv', 'd_act', 'd_kv', 'd_kv_rout', 'd_w', 'd_w_rout')
 SETTINGS = ('baseline', 'lime', 'lime-completep', 'lime-fan_in', 'lime-sqrt_fan_in')
@@ -50,7 +52,7 @@ SETTINGS = ('baseline', 'lime', 'lime-completep', 'lime-fan_in', 'lime-sqrt_fan_
 
 def text_batches(n, batch, length, generator):
     """n (x, y) batches of characters of the Shakespeare text in data/ (bytes as tokens: no prepared data needed)."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'shakespeare.txt.gz')
+    path = os.path.join(REPO, 'data', 'shakespeare.txt.gz')
     with gzip.open(path, 'rb') as f:
         data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).long()
     out = []

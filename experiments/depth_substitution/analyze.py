@@ -1,5 +1,5 @@
 """
-The depth-substitution runs read as planned (docs/results.md, "Does LIMe at L layers match the baseline at 2L?"):
+The depth-substitution runs read as planned (this folder's README, "The first design"):
 for L = 4, 8, 16, over the seeds whose three runs have finished,
   S(L) = LIMe(L) - baseline(2L)       final val loss, paired by seed: 95% t interval, p Holm-adjusted over the three
   G(L) = baseline(L) - baseline(2L)   the gate: above zero with its interval excluding zero, else "out of regime"
@@ -9,9 +9,9 @@ and per run a divergence flag: a logged training loss more than 0.3 above the ru
 after warmup. Reads the run directories (<variant>-L<depth>-s<seed>: sweep.json, log.jsonl), so it works while the
 sweep is still running: a run counts once its sweep.json says done at max_iters.
 
-$ python dev/depth_substitution.py --out_dir=out-sweep-depth-substitution
-  -> assets/sweep_depth_substitution.csv (a row per run), assets/sweep_depth_substitution_summary.csv (a row per L),
-     assets/sweep_depth_substitution.png
+$ python experiments/depth_substitution/analyze.py --out_dir=out-sweep-depth-substitution
+  -> sweep_depth_substitution.csv (a row per run), sweep_depth_substitution_summary.csv (a row per L) and
+     sweep_depth_substitution.png, in this folder
 """
 import csv
 import math
@@ -20,7 +20,8 @@ import random
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository
 from nanolime.checkpoint import read_log  # noqa: E402
 from nanolime.common import UserError  # noqa: E402
 from nanolime.sweep_stats import holm, mean_ci, t_test_p  # noqa: E402
@@ -28,8 +29,8 @@ from nanolime.sweep_runs import final_record, read_state  # noqa: E402
 
 # -----------------------------------------------------------------------------
 out_dir = 'out-sweep-depth-substitution'  # the sweep's out_dir
-csv_path = 'assets/sweep_depth_substitution.csv'  # a row per run; the summary beside it, *_summary.csv
-plot_path = 'assets/sweep_depth_substitution.png'  # '' for no figure
+csv_path = os.path.join(HERE, 'sweep_depth_substitution.csv')  # a row per run; the summary beside it, *_summary.csv
+plot_path = os.path.join(HERE, 'sweep_depth_substitution.png')  # '' for no figure
 reference = 'baseline'
 variant = 'lime'
 depths = '4,8,16,32'       # the baseline's; S(L) for each L whose 2L is here too

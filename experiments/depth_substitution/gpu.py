@@ -1,16 +1,16 @@
 """
-The depth-substitution design (docs/results.md, "Does LIMe at L layers match the baseline at 2L?") sized for one GPU
+The depth-substitution design (this folder's README, "The first design") sized for one GPU
 lease: seeds 0-7 and a 64-layer baseline as well, so that S(32) = LIMe(32) - baseline(64), the paper's 64 against 128
 layers (§5.5, Fig. 6) at half the scale. Every run is a train.py process with config/sweep_deep_narrow_cpu.py's
 options (width 64, 4 heads, shakespeare_char, lr 2e-3, 1,200 iterations) on device cuda; many of them share the one
 GPU at once (--jobs), seed by seed and deepest first, so that the seeds finished first are complete. A row goes to
 <out_dir>/runs.csv as each run ends; at the deadline (under 8 minutes after the start) the script stops whatever still
-runs (train.py saves a checkpoint: rerunning resumes it), and reads the out_dir with dev/depth_substitution.py.
+runs (train.py saves a checkpoint: rerunning resumes it), and reads the out_dir with analyze.py.
 
 $ python prepare.py shakespeare_char
-$ python dev/depth_substitution_gpu.py --dry_run=True     # the runs in launch order with estimated times; no GPU
-$ python dev/depth_substitution_gpu.py                    # out-gpu-depth-substitution/
-$ python dev/depth_substitution.py --out_dir=out-gpu-depth-substitution --depths=4,8,16,32,64
+$ python experiments/depth_substitution/gpu.py --dry_run=True  # the runs in launch order with estimated times; no GPU
+$ python experiments/depth_substitution/gpu.py                 # out-gpu-depth-substitution/
+$ python experiments/depth_substitution/analyze.py --out_dir=out-gpu-depth-substitution --depths=4,8,16,32,64
 """
 import csv
 import json
@@ -20,7 +20,8 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, REPO)
 from nanolime.common import UserError  # noqa: E402
 
@@ -208,7 +209,7 @@ def main():
                 f'--max_iters={max_iters}', f'--csv_path={os.path.join(out_dir, "depth_substitution.csv")}',
                 f'--plot_path={os.path.join(out_dir, "depth_substitution.png")}']
     import runpy
-    runpy.run_path(os.path.join(REPO, 'dev', 'depth_substitution.py'), run_name='__main__')
+    runpy.run_path(os.path.join(HERE, 'analyze.py'), run_name='__main__')
 
 
 def finished_log(run):
