@@ -189,3 +189,18 @@ def test_summary_prints_the_numbers_the_readmes_quote():
                             ('MUDDFormer (2e-3): +8.9000 ± 8.8639 over 3', '**+8.90 ± 8.86**'),
                             ('= 0.152 per doubling', 'a slope of 0.152 per doubling')):
         assert printed in stdout and quoted in docs, (printed, quoted)
+
+
+def test_no_csv_names_a_path_of_the_machine_it_ran_on():
+    """A shipped CSV's run folders are relative to their sweep (the folder's name, as sweep.py reads them), and no
+    field holds an absolute path."""
+    paths = sorted(glob.glob(os.path.join(REPO, 'experiments', '**', '*.csv'), recursive=True)
+                   + glob.glob(os.path.join(REPO, 'assets', '*.csv')))
+    assert len(paths) > 30
+    found = []
+    for path in paths:
+        with open(path, newline='', encoding='utf-8') as f:
+            for n, r in enumerate(csv.DictReader(f), 2):
+                found += [f'{os.path.relpath(path, REPO)}:{n}: {k} {v}' for k, v in r.items()
+                          if v and (v.startswith('/') or (k == 'out_dir' and '/' in v))]
+    assert not found, 'CSV fields with paths of a machine or a folder above the run:\n' + '\n'.join(found[:10])
