@@ -2,7 +2,7 @@
 # (paper Sec. 5.5, Fig. 6: 32-128 layers)? LLaMA baseline vs LIMe, with the paper's router init and
 # with the identity init, at 4, 8, 16 and 32 layers, width 64 (4 heads of 16), on shakespeare_char,
 # 3 seeds each: 36 runs. Why the identity init too: at 32 layers its differences to the baseline,
-# paired by seed, scatter 2.7x less (sd 0.015 vs 0.040 over 5 seeds; docs/archive.md), so 3 seeds
+# paired by seed, scatter 2.7x less (sd 0.015 vs 0.040 over 5 seeds; experiments/one_lr_comparison/), so 3 seeds
 # resolve what the paper's init, which starts each seed as another random mixture, cannot.
 #
 # $ python prepare.py

@@ -9,7 +9,7 @@ groups, App. A), or that with one of the experiments below, none of them the pap
 - router_lr_scaling='fan_in' ('sqrt_fan_in'): an AdamW group per LIMe router, at router_lr * 2 H_kv / (the
   square root of) the sources it reads, so that router_lr is that of layer 1's router, which reads two layers.
   Under Adam a router's update moves k~ by about its lr times the number of sources it sums (correlated
-  ones) or its square root (independent ones): dev/coord_check.py measures it.
+  ones) or its square root (independent ones): experiments/coord_check/ measures it.
 Each group keeps its 'peak_lr', the top of the schedule.
 """
 import torch

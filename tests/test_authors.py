@@ -2,9 +2,9 @@
 
 tests/fixtures/authors/<relative>.pt holds what the authors' code computed at one small float32 shape: the
 batch, every weight under our parameter name, their logits and the gradients of the mean cross-entropy (mapped
-to our names), and the authors' repository and commit. dev/authors/<relative>.py made each from a checkout of
-their code (its docstring says how, and what was mapped or stubbed); docs/deviations.md says, per relative,
-which commit our arm matches and where it differs on purpose (the fixture then uses their setting).
+to our names), and the authors' repository and commit. experiments/authors/<relative>.py made each from a
+checkout of their code (its docstring says how, and what was mapped or stubbed); docs/deviations.md says, per
+relative, which commit our arm matches and where it differs on purpose (the fixture then uses their setting).
 Here our arm is built with the fixture's options, given its weights, and must give the same logits and every
 gradient to 1e-5 of the tensor's scale. A gradient tensor's scale is at least a thousandth of the fixture's
 largest gradient (FLOOR): below that the check is absolute, an error under 1e-8 of the largest gradient passes,
@@ -76,9 +76,9 @@ def test_fixture_is_what_the_test_reads(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_fixture_has_its_script(name):
-    """dev/authors/<relative>.py made the fixture: its docstring names the same repository and commit."""
+    """experiments/authors/<relative>.py made the fixture: its docstring names the same repository and commit."""
     fixture = load(name)
-    with open(os.path.join(REPO, "dev", "authors", f"{name}.py")) as f:
+    with open(os.path.join(REPO, "experiments", "authors", f"{name}.py")) as f:
         doc = ast.get_docstring(ast.parse(f.read()))
     assert fixture["repo"] in doc and fixture["commit"] in doc
 

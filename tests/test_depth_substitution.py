@@ -1,5 +1,6 @@
-"""dev/depth_substitution.py on a synthetic sweep out_dir whose final losses are chosen so that S(L), G(L), the
-reading and k(L) are known by hand: L = 4 matches, L = 8 does not, L = 16 is out of regime."""
+"""experiments/depth_substitution/analyze.py on a synthetic sweep out_dir whose final losses are chosen so that S(L),
+G(L), the reading and k(L) are known by hand: L = 4 matches, L = 8 does not, L = 16 is out of regime; gpu.py's plan
+and launcher; the answer the study's README gives, against its CSV."""
 import csv
 import importlib.util
 import json
@@ -14,7 +15,9 @@ from conftest import REPO, script_here
 from nanolime.common import UserError
 from nanolime.sweep_stats import t_test_p
 
-spec = importlib.util.spec_from_file_location('depth_substitution', os.path.join(REPO, 'dev', 'depth_substitution.py'))
+STUDY = os.path.join(REPO, 'experiments', 'depth_substitution')
+ANALYZE, GPU = 'experiments/depth_substitution/analyze.py', 'experiments/depth_substitution/gpu.py'
+spec = importlib.util.spec_from_file_location('depth_substitution', os.path.join(STUDY, 'analyze.py'))
 ds = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ds)
 
@@ -142,7 +145,7 @@ def test_reading_and_bootstrap():
 
 def test_script_writes_csv_and_figure(sweep, tmp_path):
     out = tmp_path / 'assets'
-    code, stdout, _ = script_here('dev/depth_substitution.py', f'--out_dir={sweep}', f'--csv_path={out}/d.csv',
+    code, stdout, _ = script_here(ANALYZE, f'--out_dir={sweep}', f'--csv_path={out}/d.csv',
                                   f'--plot_path={out}/d.png', f'--max_iters={ITERS}', '--bootstrap=500')
     assert code == 0
     assert 'complete seeds (every run of the design done): 3 (0 1 2)' in stdout
@@ -156,12 +159,11 @@ def test_script_writes_csv_and_figure(sweep, tmp_path):
     assert float(summary[4]['S']) == pytest.approx(-0.1 + statistics.mean(F[:3]), abs=1e-5)
     assert (out / 'd.png').stat().st_size > 10_000
     with pytest.raises(UserError, match='no directory'):
-        script_here('dev/depth_substitution.py', f'--out_dir={tmp_path}/nothing', f'--csv_path={out}/e.csv')
+        script_here(ANALYZE, f'--out_dir={tmp_path}/nothing', f'--csv_path={out}/e.csv')
 
 
 # ----------------------------------------------------------------------------- the GPU version's plan (no GPU needed)
-gspec = importlib.util.spec_from_file_location('depth_substitution_gpu',
-                                               os.path.join(REPO, 'dev', 'depth_substitution_gpu.py'))
+gspec = importlib.util.spec_from_file_location('depth_substitution_gpu', os.path.join(STUDY, 'gpu.py'))
 gpu = importlib.util.module_from_spec(gspec)
 gspec.loader.exec_module(gpu)
 
@@ -183,7 +185,7 @@ def test_gpu_dry_run(tmp_path):
     done = out / 'baseline-L64-s0'
     done.mkdir(parents=True)
     (done / 'sweep.json').write_text(json.dumps({'status': 'done', 'max_iters': 1200}))
-    code, stdout, _ = script_here('dev/depth_substitution_gpu.py', '--dry_run=True', f'--out_dir={out}',
+    code, stdout, _ = script_here(GPU, '--dry_run=True', f'--out_dir={out}',
                                   '--est_ms_base=2', '--est_ms_per_layer=0.5')
     assert code == 0
     assert stdout.startswith('72 runs (1 already done), 8 at a time on cuda, deadline 450 s')
@@ -193,12 +195,12 @@ def test_gpu_dry_run(tmp_path):
     assert 'S(32) = lime-L32 - baseline-L64, G(32) = baseline-L32 - baseline-L64' in stdout
     assert '(inside the deadline)' in stdout and sorted(os.listdir(out)) == ['baseline-L64-s0']  # nothing started
     # at the measured speed (the defaults) the last seeds' runs are past the deadline, and named
-    code, stdout, _ = script_here('dev/depth_substitution_gpu.py', '--dry_run=True', f'--out_dir={out}')
+    code, stdout, _ = script_here(GPU, '--dry_run=True', f'--out_dir={out}')
     assert 'would be stopped' in stdout and 'after the deadline' in stdout.splitlines()[-1]
     for bad, match in (('--deadline_s=600', 'deadline_s=600'), ('--base_depths=4,8,24', 'expected doublings'),
                        ('--seeds=1,1', 'distinct')):
         with pytest.raises(UserError, match=match):
-            script_here('dev/depth_substitution_gpu.py', '--dry_run=True', f'--out_dir={out}', bad)
+            script_here(GPU, '--dry_run=True', f'--out_dir={out}', bad)
 
 
 @pytest.mark.slow
@@ -210,7 +212,7 @@ def test_gpu_version_runs_on_the_cpu(data_dir, tmp_path):
                    "batch_size = 4\ntotal_batch_size = 128\neval_iters = 2\nwarmup_iters = 1\neval_interval = 2\n"
                    "log_interval = 1\ndtype = 'float32'\ncompile = False\njobs = 2\nseeds = '0'\n")
     out = tmp_path / 'out'
-    args = ['dev/depth_substitution_gpu.py', f'--config={cfg}', f'--out_dir={out}', '--base_depths=1,2', '--seeds=0',
+    args = [GPU, f'--config={cfg}', f'--out_dir={out}', '--base_depths=1,2', '--seeds=0',
             '--max_iters=2', '--device=cpu', '--jobs=3', '--deadline_s=400']
     code, stdout, _ = script_here(*args)
     assert code == 0, stdout
@@ -220,7 +222,7 @@ def test_gpu_version_runs_on_the_cpu(data_dir, tmp_path):
         ('baseline', '1', 'done'), ('baseline', '2', 'done'), ('lime', '1', 'done')]
     assert all(float(r['val_loss']) > 0 for r in rows)
     assert json.loads((out / 'lime-L1-s0' / 'sweep.json').read_text())['max_iters'] == 2
-    assert 'complete seeds (every run of the design done): 1 (0)' in stdout  # dev/depth_substitution.py's
+    assert 'complete seeds (every run of the design done): 1 (0)' in stdout  # analyze.py's
     assert (out / 'depth_substitution.csv').exists()
     code, stdout, _ = script_here(*args)
     assert code == 0 and '3 runs (3 already done)' in stdout
@@ -228,38 +230,25 @@ def test_gpu_version_runs_on_the_cpu(data_dir, tmp_path):
         assert len(list(csv.DictReader(f))) == 3
 
 
-def test_claims_recompute_the_numbers_the_docs_quote():
-    """dev/claims.py from assets/' CSVs: the numbers README and docs/results.md quote in their rewritten readings."""
-    code, stdout, _ = script_here('dev/claims.py')
-    assert code == 0
-    docs = open(os.path.join(REPO, 'docs', 'results.md')).read() + open(os.path.join(REPO, 'README.md')).read()
-    for printed, quoted in (('+0.0108 ± 0.0075, 0 of 5 below zero, p_t 0.016', '0.011 ± 0.008 behind'),
-                            ('LIMe needs 16.5% more FLOPs', 'about 17 % more FLOPs'),
-                            ('baseline, standard, 8 layers: best lr 0.008', 'best at 4\n  and 32 layers on one seed'),
-                            ('-12.9667 ± 11.8269 points', '(−13.0 ± 11.8)'),
-                            ('mudd: +8.90 ± 8.86 points (interval +0.04 .. +17.76: excludes zero)', '**+8.90 ± 8.86**'),
-                            ('= 0.152 per doubling', 'a slope of 0.152 per doubling')):
-        assert printed in stdout and quoted in docs, (printed, quoted)
-
-
 def test_the_answer_the_docs_give_is_the_one_its_csv_holds():
-    """The CPU design's answer, from its per-run CSV in assets/ (both arms at 4-32 layers, seeds 0-4, 1,200
-    iterations, one data identity) through analyse(): the summary CSV beside it, docs/results.md's table row by
-    row and README's line carry the same S(L), G(L), p, Holm p, reading and k(L)."""
-    with open(os.path.join(REPO, 'assets', 'sweep_depth_substitution.csv')) as f:
+    """The CPU design's answer, from its per-run CSV in the study's folder (both arms at 4-32 layers, seeds 0-4,
+    1,200 iterations, one data identity) through analyse(): the summary CSV beside it, the study's README (its
+    table row by row, and k's interval in words) and README's line carry the same S(L), G(L), p, Holm p, reading
+    and k(L)."""
+    with open(os.path.join(STUDY, 'sweep_depth_substitution.csv')) as f:
         rows = [dict(r, depth=int(r['depth']), seed=int(r['seed']), val_loss=float(r['val_loss']))
                 for r in csv.DictReader(f)]
     assert {(r['variant'], r['depth'], r['seed']) for r in rows} == {
         (v, d, s) for v in ('baseline', 'lime') for d in (4, 8, 16, 32) for s in range(5)}
     assert {(r['status'], r['iters'], r['data']) for r in rows} == {('done', '1200', rows[0]['data'])}
     summary = ds.analyse(rows, [4, 8, 16, 32], resamples=ds.bootstrap)
-    with open(os.path.join(REPO, 'assets', 'sweep_depth_substitution_summary.csv')) as f:
+    with open(os.path.join(STUDY, 'sweep_depth_substitution_summary.csv')) as f:
         saved = list(csv.DictReader(f))
     assert [(r['L'], r['reading']) for r in saved] == [(str(r['L']), r['reading']) for r in summary]
     for mine, theirs in zip(summary, saved):
         for key in ('S', 'S_half', 'S_p_holm', 'G', 'G_half', 'k', 'k_low', 'k_high'):
             assert float(theirs[key]) == pytest.approx(mine[key], rel=1e-3, abs=2e-5), (mine['L'], key)  # CSV: 6 digits
-    results = open(os.path.join(REPO, 'docs', 'results.md')).read()
+    results = open(os.path.join(STUDY, 'README.md')).read()
     readme = open(os.path.join(REPO, 'README.md')).read()
     for r in summary:
         assert (f"| {r['L']} | {r['n_seeds']} | {r['S']:+.3f} ± {r['S_half']:.3f} | {r['S_p']:.3f} | "
@@ -267,7 +256,13 @@ def test_the_answer_the_docs_give_is_the_one_its_csv_holds():
                 f"{r['k']:.2f} [{r['k_low']:.2f}, {r['k_high']:.2f}] |") in results, r['L']
     s4, s8, s16 = summary[:3]
     assert (f"**it does not** at 4 and 16 layers\n  ({s4['S']:+.3f} ± {s4['S_half']:.3f}, Holm {s4['S_p_holm']:.3f}; "
-            f"{s16['S']:+.3f} ± {s16['S_half']:.3f}, {s16['S_p_holm']:.3f}), not shown at 8 ({s8['S_p_holm']:.3f})") in readme
+            f"{s16['S']:+.3f} ± {s16['S_half']:.3f}, {s16['S_p_holm']:.3f}), not shown at 8 ({s8['S_p_holm']:.3f})"
+            ) in readme
+    # k as an interval: the part of a doubling its upper end leaves not excluded, 2^x = k_high
+    part = {r['L']: f"{math.log2(r['k_high']):.2f}" for r in summary}
+    assert (f"up to about {part[16]} of a doubling is not excluded at 16 layers (k's upper end {s16['k_high']:.2f} = "
+            f"2^{part[16]}), up\nto {part[8]} at 8 layers and {part[4]} at 4 ({s8['k_high']:.2f}, {s4['k_high']:.2f})"
+            ) in results
     assert [r['reading'] for r in summary] == ['does not', 'not shown', 'does not']
 
 
@@ -280,7 +275,7 @@ def test_gpu_version_stops_at_its_deadline(data_dir, tmp_path):
                    "batch_size = 4\ntotal_batch_size = 128\neval_iters = 2\nwarmup_iters = 1\neval_interval = 5\n"
                    "log_interval = 1\ndtype = 'float32'\ncompile = False\n")
     out = tmp_path / 'out'
-    code, stdout, _ = script_here('dev/depth_substitution_gpu.py', f'--config={cfg}', f'--out_dir={out}',
+    code, stdout, _ = script_here(GPU, f'--config={cfg}', f'--out_dir={out}',
                                   '--base_depths=1,2', '--seeds=0', '--max_iters=100000', '--device=cpu', '--jobs=3',
                                   '--deadline_s=8')
     assert code == 0

@@ -10,8 +10,8 @@ DOCS = ROOT / 'docs'
 
 
 def pages():
-    """README.md and every docs/*.md page."""
-    return [ROOT / 'README.md'] + sorted(DOCS.glob('*.md'))
+    """README.md, every docs/*.md page and the studies' pages under experiments/."""
+    return [ROOT / 'README.md'] + sorted(DOCS.glob('*.md')) + sorted((ROOT / 'experiments').rglob('*.md'))
 
 
 # Words whose meaning depends on when the page is read: a page names the date instead.
@@ -135,10 +135,10 @@ def test_docs_index_lists_every_page():
     assert not missing, f'docs/README.md does not link to: {", ".join(missing)}'
 
 
-def test_readme_is_at_most_10_kb():
+def test_readme_is_at_most_14_kb():
     """README is the teaching page; what is longer goes to docs/ (docs/README.md indexes it)."""
     size = len((ROOT / 'README.md').read_bytes())
-    assert size <= 10 * 1024, f'README.md is {size:,} bytes, over 10 KB ({10 * 1024:,}): move detail to docs/'
+    assert size <= 14 * 1024, f'README.md is {size:,} bytes, over 14 KB ({14 * 1024:,}): move detail to docs/'
 
 
 def readme_tree():

@@ -1,6 +1,6 @@
 """router_lr_scaling='fan_in' ('sqrt_fan_in'): each LIMe router in an AdamW group of its own at router_lr * 2 / (the
-root of) the layers it reads (nanolime/optim.py, train.py's option); dev/coord_check.py, the depth
-coordinate check that motivates it."""
+root of) the layers it reads (nanolime/optim.py, train.py's option);
+experiments/coord_check/coord_check.py, the depth coordinate check that motivates it."""
 import importlib.util
 import math
 import os
@@ -68,9 +68,11 @@ def test_train_py_option(data_dir, tmp_path, run_here):
 
 
 def test_coord_check_measures_the_routers_update():
-    """dev/coord_check.py at 2 and 4 layers, 2 steps: the router's part of the change in k~ is zero with router_lr 0
-    and not otherwise; the baseline has none; CompleteP at its base depth is LIMe, number for number."""
-    spec = importlib.util.spec_from_file_location('coord_check', os.path.join(REPO, 'dev', 'coord_check.py'))
+    """experiments/coord_check/coord_check.py at 2 and 4 layers, 2 steps: the router's part of the change in k~ is
+    zero with router_lr 0 and not otherwise; the baseline has none; CompleteP at its base depth is LIMe, number for
+    number."""
+    spec = importlib.util.spec_from_file_location('coord_check',
+                                                  os.path.join(REPO, 'experiments', 'coord_check', 'coord_check.py'))
     cc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cc)
     batches = cc.text_batches(3, 2, 16, torch.Generator().manual_seed(0))

@@ -27,9 +27,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, 'dev'))
+sys.path.insert(0, HERE)
 from nanolime.common import UserError, configure  # noqa: E402
-from depth_substitution import analyse, plot, read_runs, report, complete_seeds, write_csv  # noqa: E402
+from analyze import analyse, plot, read_runs, report, complete_seeds, write_csv  # noqa: E402
 
 # -----------------------------------------------------------------------------
 out_dir = 'out-sweep-depth-substitution-tuned'
