@@ -6,14 +6,15 @@ to our names), and the authors' repository and commit. experiments/authors/<rela
 checkout of their code (its docstring says how, and what was mapped or stubbed); docs/deviations.md says, per
 relative, which commit our arm matches and where it differs on purpose (the fixture then uses their setting).
 Here our arm is built with the fixture's options, given its weights, and must give the same logits and every
-gradient to 1e-5 of the tensor's scale. A gradient tensor's scale is at least a thousandth of the fixture's
-largest gradient (FLOOR): below that the check is absolute, an error under 1e-8 of the largest gradient passes,
-a sixth of a float32 rounding step of it or less. mHC needs it: its first sub-layer reads n equal copies of the
-embedding, so its residual map's gradient is zero (1e-13 of the largest) and its pre map's nearly (the map only
-scales what the sub-layer's pre-norm normalizes), and after the Sinkhorn steps a few maps whose gradients are
-1e-6 to 1e-4 of the largest differ by up to 3e-5 of their own scale. The other fixtures match every gradient
-to 1e-5 of its own scale without the floor (the smallest, 4e-7 of the largest, to 5e-6). A gradient that is
-wrong by its own size, not rounded, is still caught in any tensor above 1e-8 of the largest.
+gradient to 1e-4 of the tensor's scale. float32's rounding differs between CPUs: MUDDFormer with PrePostDANorm,
+the most sensitive, is off by 2.7e-5 at layer 0's kv_proj on an AMD EPYC and by under 1e-5 on an Intel Xeon; the
+other fixtures match every gradient to 1e-5 of its own scale. A gradient tensor's scale is at least a thousandth
+of the fixture's largest gradient (FLOOR): below that the check is absolute, an error under 1e-7 of the largest
+gradient passes, about two float32 rounding steps of it. mHC needs it: its first sub-layer reads n equal copies of
+the embedding, so its residual map's gradient is zero (1e-13 of the largest) and its pre map's nearly (the map
+only scales what the sub-layer's pre-norm normalizes), and after the Sinkhorn steps a few maps whose gradients
+are 1e-6 to 1e-4 of the largest differ by up to 3e-5 of their own scale. A gradient that is wrong by its own
+size, not rounded, is still caught in any tensor above 1e-7 of the largest.
 """
 import ast
 import dataclasses
@@ -29,7 +30,7 @@ from model import GPT, GPTConfig
 from relatives import RelativesConfig, build_model
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "authors")
-TOLERANCE = 1e-5  # max |ours - theirs| / max |theirs|, per tensor
+TOLERANCE = 1e-4  # max |ours - theirs| / max |theirs|, per tensor
 FLOOR = 1e-3  # a gradient tensor's scale: at least FLOOR times the fixture's largest gradient
 NAMES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(FIXTURES, "*.pt")))
 # every relative with a fixture: a fixture that goes missing fails here
