@@ -36,8 +36,9 @@ from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, lock_d
 from nanolime.data import arithmetic_tiers, data_id, dataset_dir, ends_data_id
 from nanolime.sweep_runs import (MAY_CHANGE, PER_RUN, RUN_STATE, SCHEDULE, check_options,
                                  check_run_dirs, final_record, int_list, launch_order, own_columns,
-                                 quiet_stdout, read_state, run_row, scores, skipped_runs, variant_options)
-from nanolime.sweep_csv import WrittenRow, add_tier_columns, csv_text, earlier_rows, put_row
+                                 put_row, quiet_stdout, read_state, run_row, scores, skipped_runs,
+                                 variant_options)
+from nanolime.sweep_csv import WrittenRow, add_tier_columns, csv_text, earlier_rows
 from nanolime.sweep_multipliers import add_compute_multipliers, control_ends, fit_power_law
 from nanolime.sweep_plots import plot_lr_sweep, plot_sweep
 from nanolime.sweep_report import print_report

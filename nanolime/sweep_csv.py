@@ -8,7 +8,6 @@ import io
 import os
 import sys
 
-from nanolime.checkpoint import atomic_write
 from nanolime.sweep_multipliers import MULTIPLIERS
 
 def add_tier_columns(rows):
@@ -113,18 +112,6 @@ def earlier_rows(path, rows):
     return [type(r)({**r, 'out_dir': os.path.join(root, name)}) for r in earlier
             if (name := os.path.basename(r.get('out_dir') or '')) and name not in names
             and os.path.isdir(os.path.join(root, name))]  # a name, or (earlier versions) a path
-
-def put_row(path, row):
-    """The sweep.csv at path with `row` in place of its run's earlier row (or after the others): written
-    as each run ends, so that a sweep cut short leaves the rows of the runs it finished (the report then
-    rewrites it whole, with the compute multipliers)."""
-    rows, name = earlier_rows(path, []), os.path.basename(row['out_dir'])
-    names = [os.path.basename(r['out_dir']) for r in rows]
-    if name in names:
-        rows[names.index(name)] = row
-    else:
-        rows.append(row)
-    atomic_write(path, lambda f: f.write(csv_text(rows).encode()))
 
 def read_rows(*paths):
     """The finished runs of one or more sweep.csv files as sweep.py's rows (numbers, None where empty,

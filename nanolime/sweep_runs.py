@@ -10,9 +10,10 @@ import re
 import runpy
 import sys
 
-from nanolime.checkpoint import CKPT_NAME, load_checkpoint, read_log
+from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, read_log
 from nanolime.common import UserError
 from nanolime.data import data_id, dataset_dir, ends_data_id
+from nanolime.sweep_csv import csv_text, earlier_rows
 from nanolime.sweep_multipliers import MULTIPLIERS
 from nanolime.variants import VARIANT_PLAIN, parse_variant
 
@@ -257,6 +258,19 @@ def run_row(run, iters, exclude):
     row['tiers'] = scores(run['dir']) or {}
     return row, {r['iter']: (r['flops'], r['val_loss']) for r in log
                  if 'val_loss' in r and r['iter'] <= iters}
+
+
+def put_row(path, row):
+    """The sweep.csv at path with `row` in place of its run's earlier row (or after the others): written
+    as each run ends, so that a sweep cut short leaves the rows of the runs it finished (the report then
+    rewrites it whole, with the compute multipliers)."""
+    rows, name = earlier_rows(path, []), os.path.basename(row['out_dir'])
+    names = [os.path.basename(r['out_dir']) for r in rows]
+    if name in names:
+        rows[names.index(name)] = row
+    else:
+        rows.append(row)
+    atomic_write(path, lambda f: f.write(csv_text(rows).encode()))
 
 
 def quiet_stdout():

@@ -9,6 +9,7 @@ import torch
 
 from conftest import REPO  # noqa: F401  (the repo on sys.path)
 from nanolime import sweep_csv, sweep_multipliers, sweep_plots, sweep_report, sweep_stats
+from nanolime.sweep_runs import put_row
 
 
 def test_compute_multiplier_interpolation_by_hand():
@@ -392,8 +393,8 @@ def test_sweep_csv_names_run_folders_relative_to_the_sweep(tmp_path):
         str(tmp_path / 'baseline-L4-s0'), str(tmp_path / 'lime-L4-s0')]
     assert [r['out_dir'] for r in sweep_csv.read_rows(tmp_path / 'sweep.csv')] == [
         str(tmp_path / 'baseline-L4-s0'), str(tmp_path / 'lime-L4-s0')]
-    sweep_csv.put_row(str(tmp_path / 'sweep.csv'), dict(row(4, 'lime', 1, 2.0), out_dir=str(tmp_path / 'lime-L4-s1')))
-    sweep_csv.put_row(str(tmp_path / 'sweep.csv'), dict(row(4, 'lime', 0, 2.0), out_dir=str(tmp_path / 'lime-L4-s0')))
+    for name in ('lime-L4-s1', 'lime-L4-s0'):  # a row after the others, then one in place of its earlier one
+        put_row(str(tmp_path / 'sweep.csv'), dict(row(4, 'lime', int(name[-1]), 2.0), out_dir=str(tmp_path / name)))
     written = list(csv.DictReader((tmp_path / 'sweep.csv').read_text().splitlines()))
     assert [(r['out_dir'], r['val_loss']) for r in written] == [
         ('baseline-L4-s0', '2.5'), ('lime-L4-s0', '2.0'), ('lime-L4-s1', '2.0')]
