@@ -11,10 +11,11 @@ $ python dev/gpu_check.py --minutes=5 --stages=table9,ddp   # a rerun of some st
 
 The stages, in order (stage_list below), each one or more commands run as subprocesses:
   1 cuda-tests  python -m pytest -m cuda: tests/test_cuda.py
-  2 train       prepare.py shakespeare (GPT-2 BPE, offline), then train.py config/train_gpu_check.py (a small
-                LIMe model, compiled, bf16, 200 iterations): tokens/s and MFU; the same run stopped at 100 and
-                resumed, against the run straight through (an exact resume); the baseline (--lime=False) for
-                its tokens/s and MFU; sample.py on the GPU, and the checkpoint loaded and sampled on the CPU
+  2 train       prepare.py shakespeare (GPT-2 BPE, offline), then sweep.py config/train_gpu_check.py:
+                a small LIMe model and its baseline, one at a time (compiled, bf16, 200 iterations):
+                tokens/s and MFU; the LIMe run stopped at 100 and resumed (a sweep to 100, then to
+                200), against the run straight through (an exact resume); sample.py on the GPU, and
+                the checkpoint loaded and sampled on the CPU
   3 table9      bench.py at the paper's 1B shape (config/bench_1b.py), GQA then MHA: baseline and LIMe
                 step time and peak memory beside the paper's Table 9; eager unless the stage has the
                 minutes to compile four 1B models (bench_1b_mode)
@@ -88,6 +89,7 @@ SHARES = {'cuda-tests': 0.35, 'train': 0.45, 'table9': 0.12, 'ddp': 0.08,
 NAMED_ONLY = ('depth', 'grads')  # not in 'all' (a 9-minute check): --stages=depth,grads --minutes=N
 COMPILED_1B_S = 480       # bench_1b_mode='auto' compiles at the 1B shape only with this budget or more
 TRAIN_ITERS = 200         # the training stage's run; stopped at half and resumed for the exact-resume check
+TRAIN_DEPTH = 6           # config/train_gpu_check.py's n_layer: the sweep's --depths
 # the paper's Table 9 (App. F; H100, PyTorch Inductor, default mode): step ms, train peak memory GB
 PAPER_TABLE9 = {'gqa': {'baseline': (66.404, 20.489), 'lime': (67.449, 20.490), 'hc': (83.265, 21.693)},
                 'mha': {'baseline': (70.258, 22.364), 'lime': (77.607, 22.367), 'hc': (86.314, 23.007)}}
@@ -98,8 +100,9 @@ def stage_list(out, work, table9_compiled=False):
     -> (numbers, markdown lines, problems). Commands run from the repository; out and work are absolute."""
     py, data = sys.executable, os.path.join(work, 'data')
     prepare = [py, 'prepare.py', 'shakespeare', f'--data_dir={data}']
-    train = [py, 'train.py', 'config/train_gpu_check.py', f'--data_dir={data}']
-    halfway = os.path.join(work, 'lime-half')  # stopped at half of TRAIN_ITERS, then resumed
+    sweep = [py, 'sweep.py', 'config/train_gpu_check.py', f'--data_dir={data}',
+             f'--depths={TRAIN_DEPTH}', '--seeds=0', '--plot=False']
+    runs, half = os.path.join(work, 'runs'), os.path.join(work, 'half')  # half: stopped at 100, then resumed
     mode, json_1b = 'compiled' if table9_compiled else 'eager', os.path.join(out, 'bench_1b_{}.json')
     bench = [py, 'bench.py', 'config/bench_1b.py', '--variants=baseline,lime', '--warmup=3', '--iters=10']
     defs = [
@@ -109,12 +112,13 @@ def stage_list(out, work, table9_compiled=False):
                                  'an exact resume; sampled on the GPU and the CPU',
              summary=summarize_train,
              steps=[('prepare', prepare, 0.04),
-                    ('lime', [*train, f"--out_dir={os.path.join(work, 'lime')}"], 0.28),
-                    ('lime-half', [*train, f"--out_dir={halfway}", f'--max_iters={TRAIN_ITERS // 2}'], 0.15),
-                    ('lime-resume', [*train, f"--out_dir={halfway}", '--init_from=resume'], 0.15),
-                    ('baseline', [*train, f"--out_dir={os.path.join(work, 'baseline')}", '--lime=False'], 0.24),
-                    *[(f'sample-{d}', [py, 'sample.py', f"--out_dir={os.path.join(work, 'lime')}", f'--device={d}',
-                                       '--num_samples=1', '--max_new_tokens=100', '--start=ROMEO:'], 0.07)
+                    ('sweep', [*sweep, '--variants=lime,baseline', f'--out_dir={runs}'], 0.52),
+                    ('lime-half', [*sweep, '--variants=lime', f'--out_dir={half}',
+                                   f'--max_iters={TRAIN_ITERS // 2}'], 0.15),
+                    ('lime-resume', [*sweep, '--variants=lime', f'--out_dir={half}'], 0.15),
+                    *[(f'sample-{d}', [py, 'sample.py', f"--out_dir={run_dir(work, 'runs', 'lime')}",
+                                       f'--device={d}', '--num_samples=1', '--max_new_tokens=100',
+                                       '--start=ROMEO:'], 0.07)
                       for d in ('cuda', 'cpu')]]),
         dict(name='table9', title=f"The paper's 1B shape (config/bench_1b.py), {mode}, beside its Table 9",
              summary=summarize_table9,
@@ -136,6 +140,11 @@ def stage_list(out, work, table9_compiled=False):
              summary=summarize_grads, steps=[('grad-check', [py, 'dev/grad_check.py'], 1.0)]),
     ]
     return [dict(d, number=k) for k, d in enumerate(defs, 1)]
+
+
+def run_dir(work, sweep, variant):
+    """The directory sweep.py trains a run of the training stage in."""
+    return os.path.join(work, sweep, f'{variant}-L{TRAIN_DEPTH}-s0')
 
 
 def plan(names, total_minutes):
@@ -379,8 +388,10 @@ def sample_text(out, label):
 def summarize_train(out, work):
     """LIMe's and the baseline's tokens/s and MFU, the loss, the resume against the run straight through
     (logged losses and learning rates, then every weight), the samples."""
-    runs = {name: training_numbers(os.path.join(work, name), warm=20) for name in ('lime', 'baseline')}
-    params = re.search(r'model: ([\d.]+)M parameters', tail(os.path.join(out, 'logs', 'train-lime.log'), 400))
+    runs = {name: training_numbers(run_dir(work, 'runs', name), warm=20)
+            for name in ('lime', 'baseline')}
+    lime_log = os.path.join(run_dir(work, 'runs', 'lime'), 'train.log')  # train.py's output
+    params = re.search(r'model: ([\d.]+)M parameters', tail(lime_log, 400))
     nums = dict(runs, params_m=params and float(params.group(1)), resume=resume_numbers(work),
                 samples={d: sample_text(out, f'sample-{d}')[:400] for d in ('cuda', 'cpu')})
     problems, lines = [], [f"- LIMe: {nums['params_m']}M parameters, compiled, bf16"]
@@ -420,7 +431,7 @@ def resume_numbers(work):
     runs' first halves measure it: with deterministic kernels it is 0, and the resume must be bit-identical).
     None if a run is missing."""
     import torch
-    full, half = (os.path.join(work, d) for d in ('lime', 'lime-half'))
+    full, half = run_dir(work, 'runs', 'lime'), run_dir(work, 'half', 'lime')
     if not all(os.path.exists(os.path.join(d, 'ckpt.pt')) for d in (full, half)):
         return None
     a, b = (torch.load(os.path.join(d, 'ckpt.pt'), map_location='cpu', weights_only=True) for d in (full, half))

@@ -50,11 +50,14 @@ class WrittenRow(dict):
 
 def csv_text(rows):
     """sweep.csv's text: a header of the first row's keys and best_of_arm (whether the row's variant is its
-    arm's best at its depth: best_of_arms; empty for a budget run or an unfinished one), then a line per row."""
+    arm's best at its depth: best_of_arms; empty for a budget run or an unfinished one), then a line per row,
+    its out_dir the run's folder relative to the sweep's (its name: the CSV reads the same anywhere)."""
     best = best_of_arms([row for row in rows if not isinstance(row, WrittenRow)])
     rows = [row if isinstance(row, WrittenRow) else
             {**row, 'best_of_arm': best[row['depth'], row['variant'].split('~')[0], *run_kind(row)][0] == row['variant']
              if row['status'] == 'done' and row['budget'] is None else None} for row in rows]
+    rows = [{**row, 'out_dir': os.path.basename(row['out_dir'])} if row.get('out_dir') else row
+            for row in rows]
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
     writer.writeheader()
@@ -108,12 +111,13 @@ def earlier_rows(path, rows):
                   file=sys.stderr)
     return [type(r)({**r, 'out_dir': os.path.join(root, name)}) for r in earlier
             if (name := os.path.basename(r.get('out_dir') or '')) and name not in names
-            and os.path.isdir(os.path.join(root, name))]
+            and os.path.isdir(os.path.join(root, name))]  # a name, or (earlier versions) a path
 
 def read_rows(*paths):
-    """The finished runs of one or more sweep.csv files as sweep.py's rows (numbers, None where empty), the
-    multipliers empty (add_compute_multipliers fills them); a run (depth, variant, seed, budget) in more than
-    one file is taken from the first. For a table over several sweeps (the control: the first variant), with
+    """The finished runs of one or more sweep.csv files as sweep.py's rows (numbers, None where empty,
+    out_dir a path: the file's folder joined with the run's name), the multipliers empty
+    (add_compute_multipliers fills them); a run (depth, variant, seed, budget) in more than one file is
+    taken from the first. For a table over several sweeps (the control: the first variant), with
     sweep_multipliers' fit_power_law, control_ends, add_compute_multipliers and sweep_report's print_table:
         rows = read_rows('out-a/sweep.csv', 'out-b/sweep.csv'); ctrl = rows[0]['variant']
         fits = {16: fit_power_law(control_ends(rows, ctrl, 16))}; add_compute_multipliers(rows, {}, fits, ctrl)
@@ -130,5 +134,7 @@ def read_rows(*paths):
                 key = (r['depth'], r['variant'], r['seed'], r['budget'])
                 if r['status'] == 'done' and key not in seen:
                     seen.add(key)
-                    rows.append({**r, **dict.fromkeys(MULTIPLIERS)})
+                    name = os.path.basename(r.get('out_dir') or '')
+                    where = os.path.join(os.path.dirname(path), name) if name else None
+                    rows.append({**r, **dict.fromkeys(MULTIPLIERS), 'out_dir': where})
     return rows

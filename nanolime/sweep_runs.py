@@ -1,4 +1,5 @@
-"""sweep.py's bookkeeping of run directories, and its check of a sweep's options by train.py itself."""
+"""sweep.py's option lists, its bookkeeping of run directories and their rows, and its check of a
+sweep's options by train.py itself."""
 import contextlib
 import dataclasses
 import difflib
@@ -9,9 +10,43 @@ import re
 import runpy
 import sys
 
-from nanolime.checkpoint import CKPT_NAME, load_checkpoint, read_log
+from nanolime.checkpoint import CKPT_NAME, atomic_write, load_checkpoint, read_log
 from nanolime.common import UserError
 from nanolime.data import data_id, dataset_dir, ends_data_id
+from nanolime.sweep_csv import csv_text, earlier_rows
+from nanolime.sweep_multipliers import MULTIPLIERS
+from nanolime.variants import VARIANT_PLAIN, parse_variant
+
+RUN_STATE = 'sweep.json'   # per run directory: status, the max_iters it finished, wall time
+# set by the sweep for each run; a value given is ignored
+PER_RUN = ('n_layer', 'seed', 'init_from', *VARIANT_PLAIN)
+# the lr schedule's shape: a run continued under another would restart its schedule mid-run, and its
+# result be that of no run of either length. max_iters alone may grow: a resumed run continues exactly
+# where it stopped, the lr at min_lr past lr_decay_iters, as a longer run would have it
+SCHEDULE = ('lr_decay_iters', 'warmup_iters', 'decay_lr')
+# options that may change between invocations without making a run another experiment; a run trained
+# with any other change is refused
+MAY_CHANGE = ('out_dir', 'init_from', 'max_iters', 'eval_interval', 'log_interval', 'eval_only',
+              'check_only', 'overwrite', 'always_save_checkpoint', 'device', 'compile', 'data_dir',
+              'wandb_log', 'wandb_project', 'wandb_run_name', 'peak_flops', 'debug')
+
+
+def variant_options(variant, own=()):
+    """train.py options of a variant name (nanolime/variants.py's grammar: lime, lime+hc, lime:first-2,
+    attnres:block, lime~router_lr=0.002, ...): the model's options, then those after '~', which may not
+    be the sweep's own (own: its keys)."""
+    opts, extra = parse_variant(variant)
+    if set(extra) & (set(own) - {'out_dir'}):
+        key = next(k for k in extra if k in own)
+        raise UserError(f"variant '{variant}': {key} is the sweep's own option, not train.py's: give it "
+                        f"once, to the sweep (--{key}=...), not after '~'")
+    if set(extra) & {*PER_RUN, 'out_dir'}:
+        raise UserError(f"variant '{variant}': expected '~key=value' with a train.py option other than "
+                        f"{', '.join(PER_RUN)} and out_dir, e.g. lime~router_lr=0.002")
+    if set(extra) & {'max_iters', *SCHEDULE}:
+        raise UserError(f"variant '{variant}': the schedule (max_iters, {', '.join(SCHEDULE)}) is the "
+                        "sweep's, the same for every variant: give it as --key=value to the sweep")
+    return {**opts, **extra}
 
 
 def int_list(key, text, low):
@@ -36,6 +71,27 @@ def check_run_dirs(runs):
             raise UserError(f"variants '{other['variant']}' and '{run['variant']}' would share the run directory "
                             f"{run['dir']} (characters other than letters, digits and + _ . - become _ in it): "
                             "make them differ in other characters")
+
+
+def skipped_runs(text, variants, depths):
+    """{(variant, depth)} of --skip's comma-separated <variant>-L<depth>: runs left out at every seed
+    (a design whose arms differ in depth: lime-L64 beside the baseline at 64); UserError naming one
+    that is not of this sweep's variants and depths."""
+    pairs = set()
+    for name in (s.strip() for s in str(text).split(',') if s.strip()):
+        variant, _, depth = name.rpartition('-L')
+        if variant not in variants or not depth.isdigit() or int(depth) not in depths:
+            raise UserError(f"skip={text!r}: '{name}' is no <variant>-L<depth> of this sweep's "
+                            f"variants and depths, e.g. {variants[-1]}-L{depths[-1]}")
+        pairs.add((variant, int(depth)))
+    return pairs
+
+
+def launch_order(runs):
+    """The runs in the order they start: seed by seed, so that each finished seed is a complete paired
+    result (across depths too) when a sweep is cut short; deepest first within a seed, so that the
+    longest runs do not end up alone at the end; the variants in their order."""
+    return sorted(runs, key=lambda r: (r['seed'], -r['depth']))
 
 
 def read_json(path):
@@ -165,6 +221,58 @@ def own_columns(row, exclude, keep=False):
         print(f"warning: {e}; its row's {', '.join(CHECKPOINT_COLUMNS)} are {kept}", file=sys.stderr)
 
 
+def run_row(run, iters, exclude):
+    """A run's row of sweep.csv, from its directory, and if it finished its val loss curve {iter:
+    (FLOPs, val loss)} (else None). `iters`: the iterations it is to finish (None: those its sweep.json
+    says); `exclude`: the options its options column leaves out (checkpoint_columns)."""
+    state_path, log_path = os.path.join(run['dir'], RUN_STATE), os.path.join(run['dir'], 'log.jsonl')
+    (state, damage), log = read_state(state_path), run_log(run['dir'])
+    if damage:
+        print(f"warning: {state_path} is damaged ({damage}): its run is reported as 'unknown'; rerun the "
+              "sweep (without --report_only) to check it and finish it if it is not", file=sys.stderr)
+        state = {'status': 'unknown'}
+    iters = state.get('max_iters') if iters is None else iters
+    finished = (state.get('status'), state.get('max_iters')) == ('done', iters)
+    final = final_record(run['dir'], iters) if finished else None
+    if finished and not final and 'error' not in run:
+        print(f"warning: {log_path} lacks the final evaluation (iter {iters}) of a run its sweep.json "
+              "says finished: reported without it; rerun the sweep (without --report_only) to restore it "
+              "from the run's checkpoint", file=sys.stderr)
+    status = run['status'] if 'error' in run else 'done' if final else state['status'] \
+        if state.get('status') in ('failed', 'interrupted', 'unknown') else \
+        'incomplete' if log else 'not run'
+    row = {'depth': run['depth'], 'variant': run['variant'], 'seed': run['seed'],
+           'budget': run.get('budget'), 'status': status, 'iters': log[-1]['iter'] if log else None,
+           # the schedule it ran, and the identity of the data it trained on (data.data_id)
+           **{k: state.get(k) for k in ('max_iters', 'lr_decay_iters', 'warmup_iters', 'data')},
+           'tokens': final and final['tokens'], 'train_flops': final and final['flops'],
+           'learning_rate': None, 'non_embedding_params': None, 'tokens_per_param': None,  # own_columns
+           'val_loss': final and final['val_loss'],
+           **dict.fromkeys(MULTIPLIERS),  # add_compute_multipliers's
+           'wall_time_s': round(state['wall_time_s'], 1) if 'wall_time_s' in state else None,
+           'options': None, 'out_dir': run['dir']}
+    if final:
+        own_columns(row, exclude)
+    if status != 'done' or run.get('budget'):
+        return row, None
+    row['tiers'] = scores(run['dir']) or {}
+    return row, {r['iter']: (r['flops'], r['val_loss']) for r in log
+                 if 'val_loss' in r and r['iter'] <= iters}
+
+
+def put_row(path, row):
+    """The sweep.csv at path with `row` in place of its run's earlier row (or after the others): written
+    as each run ends, so that a sweep cut short leaves the rows of the runs it finished (the report then
+    rewrites it whole, with the compute multipliers)."""
+    rows, name = earlier_rows(path, []), os.path.basename(row['out_dir'])
+    names = [os.path.basename(r['out_dir']) for r in rows]
+    if name in names:
+        rows[names.index(name)] = row
+    else:
+        rows.append(row)
+    atomic_write(path, lambda f: f.write(csv_text(rows).encode()))
+
+
 def quiet_stdout():
     """stdout to /dev/null: after a write to a closed pipe (`sweep.py | head -1`), so that the exit flushes
     nothing into it and the command ends quietly, as other command-line tools do."""
@@ -176,7 +284,7 @@ def check_options(train_py, variant_args, sweep_keys):
     (variant_args: {variant: train.py's argv}) and --check_only=True, it checks them (the model and its optimizer
     built), prints the config it would run with and exits before it claims its out_dir; UserError with its message
     if it refuses (an unknown key: the closest of sweep_keys suggested)."""
-    configs, errors, argv = {}, {}, sys.argv
+    configs, errors, argv, hook = {}, {}, sys.argv, sys.excepthook
     try:
         for v, args in variant_args.items():
             sys.argv, out = [train_py, *args, '--check_only=True'], io.StringIO()
@@ -190,8 +298,8 @@ def check_options(train_py, variant_args, sweep_keys):
                 configs[v].pop('check_only')  # the runs' own is False
             except UserError as e:
                 errors[v] = str(e)
-    finally:
-        sys.argv = argv
+    finally:  # train.py's configure() installed its error hook in this process: the sweep's again
+        sys.argv, sys.excepthook = argv, hook
     if errors:  # the first; named by its variant if another variant passed (then the problem is that one's)
         v, msg = next(iter(errors.items()))
         prefix = '' if len(errors) == len(variant_args) else f"variant {v}: "

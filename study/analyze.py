@@ -337,7 +337,9 @@ if __name__ == '__main__':
             write_csv(run_path(i, 'router_map.csv'), ['layer'] + [f'src{j}' for j in range(len(M))],
                       [[layer] + [f'{x:.6f}' for x in M[layer]] for layer in range(len(M))])
             if plt is not None:
-                plot_router_map(plt, M, f'{names[i]}: normalised mean |router| weight', run_path(i, 'router_map.png'))
+                shape = f"{res['model_args'].get('n_layer')} layers x {res['model_args'].get('n_embd')}"
+                plot_router_map(plt, M, f"{res['family']}, {shape}: normalised mean |router| weight",
+                                run_path(i, 'router_map.png'))
         msg = [f'{names[i]} ({res["family"]}, {res["model_args"].get("n_layer")} layers)']
         for kind, v in (res.get('entropy') or {}).items():
             msg.append(f'  entropy {kind:13s}: ' + ' '.join(f'{x:.2f}' for x in v))

@@ -82,7 +82,13 @@ def save_run(out_dir, model_args, dataset, compiled_prefix, n_log=5, seed=0, met
     return model
 
 
-def test_analyze_end_to_end(tmp_path, analyze_here):
+def test_analyze_end_to_end(tmp_path, analyze_here, monkeypatch):
+    titles = []  # of every panel drawn
+    if importlib.util.find_spec('matplotlib') is not None:
+        import matplotlib.axes
+        set_title = matplotlib.axes.Axes.set_title
+        monkeypatch.setattr(matplotlib.axes.Axes, 'set_title', lambda ax, title, *args, **kwargs: (
+            titles.append(title), set_title(ax, title, *args, **kwargs))[1])
     meta = make_dataset(tmp_path / 'data')
     base = dict(block_size=64, vocab_size=meta['vocab_size'], n_layer=3, n_head=4, n_kv_head=2, n_embd=32)
     save_run(tmp_path / 'out-lime', dict(base, lime=True), 'tiny_char', compiled_prefix=True, meta=meta)
@@ -127,6 +133,9 @@ def test_analyze_end_to_end(tmp_path, analyze_here):
                  '--probe_context=16', '--probe_iters=20')
     assert (tmp_path / 'out-lime' / 'analysis.json').exists()
     assert (tmp_path / 'out-lime' / 'router_map.csv').exists()
+    # the router map names the model it is of, not the folder it was in
+    want = 'LIMe, 3 layers x 32: normalised mean |router| weight'
+    assert [t for t in titles if 'router' in t] == [want] * 2 * have_plt
 
 
 def test_analyze_without_data_without_model_and_errors(tmp_path, analyze_here, run_here):

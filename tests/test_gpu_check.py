@@ -56,10 +56,12 @@ def test_dry_run_lists_the_stages_with_budgets_within_the_total(monkeypatch):
     cmds = {name: [cmd for *_, cmd in steps] for _, name, _, steps in stages}
     assert cmds['cuda-tests'][0].startswith('python -m pytest -m cuda ')
     work = os.path.join(tempfile.gettempdir(), 'gpu-check-XXXX')  # where a temporary work_dir goes
-    train = [c for c in cmds['train'] if c.startswith('python train.py config/train_gpu_check.py ')]
-    assert [c.split(f'--out_dir={work}/')[1] for c in train] == [
-        'lime', 'lime-half --max_iters=100', 'lime-half --init_from=resume', 'baseline --lime=False']
-    assert all(f'sample.py --out_dir={work}/lime --device={d} ' in ' '.join(cmds['train']) for d in ('cuda', 'cpu'))
+    sweeps = [c for c in cmds['train'] if c.startswith('python sweep.py config/train_gpu_check.py ')]
+    assert [c.split(' --plot=False ')[1] for c in sweeps] == [  # LIMe and the baseline; LIMe to 100, then resumed
+        f'--variants=lime,baseline --out_dir={work}/runs', f'--variants=lime --out_dir={work}/half --max_iters=100',
+        f'--variants=lime --out_dir={work}/half']
+    assert all(f'sample.py --out_dir={work}/runs/lime-L6-s0 --device={d} ' in ' '.join(cmds['train'])
+               for d in ('cuda', 'cpu'))
     assert [c.split('--settings=')[1].split()[0] for c in cmds['table9']] == ['gqa-eager', 'mha-eager']
     assert 'torch.distributed.run --standalone --nproc_per_node=1 train.py' in cmds['ddp'][1]
 
@@ -261,6 +263,7 @@ def test_the_training_config_is_a_small_compiled_bf16_lime_run(monkeypatch):
     assert (train_cfg['dataset'], train_cfg['device'], train_cfg['dtype'], train_cfg['compile']) == (
         'shakespeare', 'cuda', 'bfloat16', True)
     assert train_cfg['max_iters'] == train_cfg['lr_decay_iters'] == gpu_check.TRAIN_ITERS
+    assert train_cfg['n_layer'] == gpu_check.TRAIN_DEPTH  # the sweep's --depths
     assert gpu_check.TRAIN_ITERS // 2 % train_cfg['eval_interval'] == 0  # a checkpoint where the half run stops
     for init in ('normal_', 'kaiming_uniform_'):  # shapes only: the weights stay uninitialised
         monkeypatch.setattr(torch.nn.init, init, lambda t, *args, **kwargs: t)
@@ -270,24 +273,25 @@ def test_the_training_config_is_a_small_compiled_bf16_lime_run(monkeypatch):
 
 
 def test_train_py_accepts_the_checks_training_commands(tmp_path):
-    """train.py checks each command of the training and DDP stages (on the CPU) with --check_only=True, as
-    sweep.py checks a run: it prints the run's config and exits before claiming out_dir; the resumed one needs a
-    checkpoint and is left out."""
+    """train.py checks each command of the training and DDP stages (on the CPU) with --check_only=True: the DDP
+    stage's prints the run's config and exits before claiming out_dir; each sweep of the training stage has
+    train.py check its variants' options and exits before claiming its out_dir."""
     prepare.prepare_bpe(prepare.read_shakespeare()[:100_000], str(tmp_path / 'data' / 'shakespeare'))
     stages = {s['name']: s for s in gpu_check.stage_list(str(tmp_path / 'out'), str(tmp_path))}
-    cmds = [cmd for s in ('train', 'ddp') for label, cmd, _ in stages[s]['steps'] if 'train.py' in cmd
-            and '--init_from=resume' not in cmd]
-    assert len(cmds) == 4
-    seen = []
-    for cmd in cmds:
-        args = cmd[cmd.index('train.py') + 1:]
-        code, out, _ = script_here('train.py', os.path.join(REPO, args[0]), *args[1:], '--device=cpu',
+    cmds = [cmd for s in ('train', 'ddp') for label, cmd, _ in stages[s]['steps']
+            if {'sweep.py', 'train.py'} & set(cmd)]
+    assert [os.path.basename(cmd[1]) for cmd in cmds] == ['sweep.py'] * 3 + ['-m']
+    for cmd in cmds[:3]:
+        code, out, _ = script_here('sweep.py', os.path.join(REPO, cmd[2]), *cmd[3:], '--device=cpu',
                                    '--dtype=float32', '--check_only=True')
-        assert code == 0, cmd
-        seen.append(json.loads(out.strip().splitlines()[-1]))
-        assert not os.path.exists(seen[-1]['out_dir']), cmd  # stopped before the claim
-    assert [(c['n_embd'], c['lime'], c['max_iters'], c['compile']) for c in seen] == [
-        (384, True, 200, True), (384, True, 100, True), (384, False, 200, True), (128, True, 30, False)]
+        assert code == 0 and out.splitlines()[-1].startswith('checked by train.py: the options of lime'), cmd
+        assert not os.path.exists(next(a for a in cmd if a.startswith('--out_dir='))[10:]), cmd  # not claimed
+    args = cmds[3][cmds[3].index('train.py') + 1:]
+    code, out, _ = script_here('train.py', os.path.join(REPO, args[0]), *args[1:], '--device=cpu',
+                               '--dtype=float32', '--check_only=True')
+    config = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and not os.path.exists(config['out_dir'])  # stopped before the claim
+    assert (config['n_embd'], config['lime'], config['max_iters'], config['compile']) == (128, True, 30, False)
 
 
 def test_missing_requirements_names_only_what_the_stages_need(monkeypatch):

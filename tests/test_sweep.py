@@ -6,7 +6,6 @@ module on PYTHONPATH), never by how a machine rounds or overflows. Where what is
 its process, the sweep runs in this process (conftest's run_here; it then keeps a lock on its out_dir while the
 tests run, so each such sweep gets an out_dir of its own).
 """
-import ast
 import csv
 import fcntl
 import json
@@ -26,6 +25,7 @@ import torch
 from conftest import REPO, child_env, ok, run, script_here
 from nanolime import common
 from nanolime import sweep_multipliers
+from nanolime import sweep_runs
 from nanolime import variants
 
 TINY = ['--device=cpu', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--total_batch_size=64',
@@ -43,19 +43,6 @@ def read_csv(path):
 def read_log(run_dir):
     with open(os.path.join(run_dir, 'log.jsonl')) as f:
         return [json.loads(line) for line in f]
-
-
-@pytest.fixture(scope='module')
-def sweep_fns():
-    """sweep.py's functions and constants (its imports and defs, not the script around them)."""
-    path = os.path.join(REPO, 'sweep.py')
-    with open(path) as f:
-        tree = ast.parse(f.read(), path)
-    keep = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef))
-            or (isinstance(n, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in n.targets))]
-    namespace = {'__file__': path}
-    exec(compile(ast.Module(keep, []), path, 'exec'), namespace)
-    return namespace
 
 
 @pytest.fixture(scope='module')
@@ -93,15 +80,17 @@ def test_end_to_end_csv_table_multiplier_bar_plot(swept):
     assert sorted(by) == [('baseline', 0), ('baseline', 1), ('lime', 0), ('lime', 1)]
     for (v, s), r in by.items():
         assert r['status'] == 'done' and r['depth'] == '2' and float(r['wall_time_s']) > 0, r
-        assert r['out_dir'] == os.path.join(root, f"{v}-L2-s{s}")
-        log = read_log(r['out_dir'])
+        assert r['out_dir'] == f"{v}-L2-s{s}"  # relative to the sweep's out_dir: the same on every machine
+        assert not {'overwrite', 'check_only', 'eval_only'} & set(json.loads(r['options']))  # no experiment's
+        log = read_log(os.path.join(root, r['out_dir']))
         assert float(r['val_loss']) == log[-1]['val_loss'] and log[-1]['iter'] == int(r['iters']) == 3
         assert int(r['tokens']) == 3 * 64 == log[-1]['tokens'] and int(r['train_flops']) == log[-1]['flops']
         # the multiplier: on the control run of the same depth and seed; none for the control itself
         if v == 'baseline':
             assert r['compute_multiplier'] == r['multiplier_note'] == '' == r['budget']
         else:
-            curve = [(x['flops'], x['val_loss']) for x in read_log(by['baseline', s]['out_dir']) if 'val_loss' in x]
+            curve = [(x['flops'], x['val_loss']) for x in read_log(os.path.join(root, by['baseline', s]['out_dir']))
+                     if 'val_loss' in x]
             want = sweep_multipliers.compute_multiplier(curve, float(r['val_loss']), int(r['train_flops']))
             mult, bound = want
             assert float(r['compute_multiplier']) == pytest.approx(mult)
@@ -112,7 +101,7 @@ def test_end_to_end_csv_table_multiplier_bar_plot(swept):
     assert int(by['lime', 0]['train_flops']) > int(by['baseline', 0]['train_flops'])  # the routers' FLOPs
     # tokens per non-embedding parameter: the model each run trained, less its (tied) embedding
     from model import GPT, GPTConfig
-    vocab = torch.load(os.path.join(by['lime', 0]['out_dir'], 'ckpt.pt'), weights_only=True)['model_args']['vocab_size']
+    vocab = torch.load(os.path.join(root, 'lime-L2-s0', 'ckpt.pt'), weights_only=True)['model_args']['vocab_size']
     for v in ('baseline', 'lime'):
         model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=vocab, lime=v == 'lime'))
         want = model.get_num_params() - vocab * 16
@@ -213,8 +202,8 @@ def test_rerun_trains_nothing_and_changed_options_are_refused(swept, run_here, c
 @pytest.mark.slow
 def test_a_second_command_keeps_the_first_ones_rows(swept, run_here, capsys, tmp_path):
     """An arm added to an out_dir by a second command: sweep.csv keeps the first command's rows of the runs it
-    does not name (as written, but for out_dir, which follows the runs, and best_of_arm), best_of_arm spans
-    both commands' settings of arm lime, and a run directory deleted drops its row."""
+    does not name (as written, but for best_of_arm), best_of_arm spans both commands' settings of arm lime, and a
+    run directory deleted drops its row."""
     root, args, _, _ = swept
     both = copy_of(root, tmp_path, 'both')
     first = {(r['variant'], r['seed']): r for r in read_csv(os.path.join(both, 'sweep.csv'))}
@@ -227,8 +216,7 @@ def test_a_second_command_keeps_the_first_ones_rows(swept, run_here, capsys, tmp
     assert sorted(by) == sorted((v, s) for v in ('baseline', *settings) for s in '01')
     for s in '01':
         kept, was = by['lime', s], first['lime', s]
-        assert kept['out_dir'] == os.path.join(both, f'lime-L2-s{s}') != was['out_dir']
-        assert {**kept, 'out_dir': '', 'best_of_arm': ''} == {**was, 'out_dir': '', 'best_of_arm': ''}
+        assert {**kept, 'best_of_arm': ''} == {**was, 'best_of_arm': ''} and kept['out_dir'] == f'lime-L2-s{s}'
     best = min(settings, key=lambda v: sum(float(by[v, s]['val_loss']) for s in '01'))
     assert {(v, s): by[v, s]['best_of_arm'] for v in settings for s in '01'} == \
         {(v, s): str(v == best) for v in settings for s in '01'}
@@ -267,7 +255,7 @@ def test_a_run_killed_between_its_checkpoint_and_its_log_is_finished_by_a_rerun(
         json.dump({'status': 'failed', 'max_iters': 3, 'wall_time_s': 1.0}, f)
     assert run_here('sweep.py', *args, f'--out_dir={again}') == 0
     assert '3 already done, 0 to evaluate, 1 to resume, 0 to start' in capsys.readouterr().out
-    row = next(r for r in read_csv(os.path.join(again, 'sweep.csv')) if r['out_dir'] == run_dir)
+    row = next(r for r in read_csv(os.path.join(again, 'sweep.csv')) if r['out_dir'] == 'lime-L2-s0')
     assert row['status'] == 'done' and float(row['val_loss']) == final['val_loss'] and read_log(run_dir)[-1] == final
 
 
@@ -399,7 +387,7 @@ def test_bad_input_is_refused_before_any_run(run_here, data_dir, tmp_path):
         (['--depths=2,x'], "depths='2,x': expected distinct comma-separated integers >= 1"),
         (['--depths=0'], "depths='0': expected distinct comma-separated integers >= 1"),
         (['--seeds=0,00'], "seeds='0,00': expected distinct comma-separated integers >= 0"),  # one run dir for two
-        (['--jobs=0'], "out_dir="),
+        (['--jobs=-1'], "out_dir="),
         (['--variants=baseline,lime@'], "variant 'lime@': no router init after '@'"),  # as lime: and lime~ are
         (['--variants=baseline,lime~depths=4'], "variant 'lime~depths=4': depths is the sweep's own option, not "
                                                 "train.py's: give it once, to the sweep (--depths=...)"),
@@ -410,14 +398,14 @@ def test_bad_input_is_refused_before_any_run(run_here, data_dir, tmp_path):
         with pytest.raises(common.UserError) as e:
             run_here('sweep.py', '--depths=2', f'--out_dir={root}', *tiny, *args)
         assert str(e.value).startswith(message), (args, str(e.value))
-        assert args != ['--jobs=0'] or 'jobs=0' in str(e.value) and 'jobs >= 1' in str(e.value)
+        assert args != ['--jobs=-1'] or 'jobs=-1' in str(e.value) and 'jobs >= 0' in str(e.value)
         assert not root.exists()  # no run started, and out_dir not claimed: a refusal leaves nothing behind
 
 
-def test_variant_names(sweep_fns):
+def test_variant_names():
     """A variant name (nanolime/variants.py's grammar, tested in tests/test_variants.py) gives train.py's options: the
     model's, then those after '~', which may not be the ones the sweep sets per run or its schedule."""
-    options, plain = sweep_fns['variant_options'], variants.VARIANT_PLAIN
+    options, plain = sweep_runs.variant_options, variants.VARIANT_PLAIN
     assert options('baseline') == plain
     assert options('lime:last-2@identity') == {**plain, 'lime': True, 'router': 'last-2', 'router_init': 'identity'}
     assert options('lime~router_lr=0.002') == {**plain, 'lime': True, 'router_lr': '0.002'}  # as on train.py's line
@@ -449,9 +437,9 @@ def test_budgets_reuse_finished_runs_and_fit_the_multiplier(swept, run_here, cap
     budget = {int(r['seed']): r for r in rows if r['budget']}
     assert sorted(budget) == [0, 1] and all(r['budget'] == '2' and r['variant'] == 'baseline' for r in budget.values())
     for s, r in budget.items():
-        assert r['out_dir'] == os.path.join(copy, f"baseline-L2-s{s}-i2") and r['status'] == 'done'
-        assert read_log(r['out_dir'])[-1]['iter'] == 2
-        with open(os.path.join(r['out_dir'], 'train.log')) as f:
+        assert r['out_dir'] == f"baseline-L2-s{s}-i2" and r['status'] == 'done'
+        assert read_log(os.path.join(copy, r['out_dir']))[-1]['iter'] == 2
+        with open(os.path.join(copy, r['out_dir'], 'train.log')) as f:
             assert '--max_iters=2 --lr_decay_iters=2' in f.readline()  # its own schedule
     main = {(r['variant'], int(r['seed'])): r for r in rows if not r['budget']}
     points = {s: [(int(r['train_flops']), float(r['val_loss'])) for r in (main['baseline', s], budget[s])]
@@ -543,25 +531,30 @@ if sys.argv[0].endswith('train.py'):
 """
 
 
+def two_gpus(tmp_path, monkeypatch, runs):
+    """A machine whose torch.cuda reports two GPUs (patched), its train.py runs replaced by `runs` (a
+    sitecustomize module), which note what they see in a directory of their own: (that directory, PYTHONPATH)."""
+    (tmp_path / 'patch').mkdir()
+    (tmp_path / 'patch' / 'sitecustomize.py').write_text(runs)
+    (tmp_path / 'guard').mkdir()
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    return tmp_path / 'guard', f"{tmp_path / 'patch'}{os.pathsep}{REPO}"
+
+
 @pytest.mark.slow
 def test_gpus_one_run_per_gpu_at_a_time(data_dir, tmp_path, monkeypatch):
     """--gpus=0,1 on a machine whose torch.cuda reports two GPUs (patched), and whose sweep was itself given
     GPUs 5 and 7 (CUDA_VISIBLE_DEVICES): three runs, two at a time, each on a GPU no other run is using,
     and each seeing only that GPU (GPU_GUARD runs instead of training)."""
-    (tmp_path / 'patch').mkdir()
-    (tmp_path / 'patch' / 'sitecustomize.py').write_text(GPU_GUARD)
-    guard = tmp_path / 'guard'
-    guard.mkdir()
-    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
-    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    guard, path = two_gpus(tmp_path, monkeypatch, GPU_GUARD)
     root = str(tmp_path / 'root')
     code, stdout, stderr = script_here(
         'sweep.py', '--depths=1', '--variants=baseline', '--seeds=0,1,2', '--gpus=0,1', f'--out_dir={root}', *TINY,
         f'--data_dir={data_dir}', '--max_iters=1', '--decay_lr=False', '--eval_interval=1', '--eval_iters=1',
-        '--plot=False', env={'PYTHONPATH': f"{tmp_path / 'patch'}{os.pathsep}{REPO}", 'GPU_GUARD_DIR': guard,
-                             'CUDA_VISIBLE_DEVICES': '5,7'})
+        '--plot=False', env={'PYTHONPATH': path, 'GPU_GUARD_DIR': guard, 'CUDA_VISIBLE_DEVICES': '5,7'})
     assert code == 0, stderr
-    assert '2 at a time' in stdout and 'one per GPU (0,1)' in stdout
+    assert '2 at a time' in stdout and 'on GPUs 0,1' in stdout
     runs = [line.split() for line in (guard / 'runs').read_text().splitlines()]
     assert len(runs) == 3 and {gpu for gpu, _, _ in runs} == {'5', '7'}, runs
     assert all(alone == 'alone' for _, alone, _ in runs), runs  # never two runs on one GPU
@@ -577,8 +570,8 @@ def test_gpus_that_are_not_there_are_refused(data_dir, tmp_path, run_here, monke
             (0, ['--gpus=0'], "gpus=0: this machine has 0 CUDA GPUs"),
             (2, ['--gpus=0,2'], "gpus=0,2: this machine has 2 CUDA GPUs"),
             (2, ['--gpus=0,0'], "gpus='0,0': expected distinct comma-separated integers >= 0"),
-            (2, ['--gpus=0,1', '--jobs=3'], "gpus=0,1 runs one run per GPU"),
-            (2, ['--gpus=0,1', '--device=cuda:1'], "gpus=0,1 runs one run per GPU")]):
+            (2, ['--gpus=0,1', '--device=cuda:1'], "gpus=0,1: each run sees only its own GPU, as cuda: leave "
+                                                   "--device=cuda:N out")]):
         monkeypatch.setattr(torch.cuda, 'is_available', lambda: gpus > 0)
         monkeypatch.setattr(torch.cuda, 'device_count', lambda: gpus)
         root = tmp_path / f'root{k}'
@@ -588,20 +581,32 @@ def test_gpus_that_are_not_there_are_refused(data_dir, tmp_path, run_here, monke
         assert not root.exists()
 
 
+def test_torchrun_or_several_ranks_are_refused(data_dir, tmp_path):
+    """torchrun (or a job of several ranks) would start a whole sweep on every rank: one line, nothing claimed."""
+    root = tmp_path / 'root'
+    for job in (dict(TORCHELASTIC_RUN_ID='job', RANK=1, LOCAL_RANK=1, WORLD_SIZE=2, LOCAL_WORLD_SIZE=2,
+                     MASTER_ADDR='127.0.0.1', MASTER_PORT=29511),  # torchrun --nproc_per_node=2 sweep.py
+                dict(TORCHELASTIC_RUN_ID='job', RANK=0, LOCAL_RANK=0, WORLD_SIZE=1),  # torchrun --nproc_per_node=1
+                dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=4)):  # a scheduler's job of four tasks
+        with pytest.raises(common.UserError) as e:
+            script_here('sweep.py', '--depths=1', '--variants=baseline', f'--out_dir={root}', *TINY,
+                        f'--data_dir={data_dir}', env=job)
+        assert str(e.value).startswith("sweep.py was started by torchrun or as one rank of several: it is one "
+                                       "process that starts its own runs; start it once with python sweep.py")
+        assert not root.exists()
+
+
 @pytest.mark.slow
 def test_runs_are_not_ranks_of_the_job_that_started_the_sweep(data_dir, tmp_path):
-    """A sweep started inside a distributed job (torchrun or a scheduler set RANK, WORLD_SIZE, ...) trains and
-    checks its runs as single processes: with those variables passed on, a run would be rank 1 of 2 and refuse
-    the batch size, or wait for a rank 0 that never comes."""
+    """A sweep started as the one process of a scheduler's job (RANK, LOCAL_RANK, WORLD_SIZE=1 set, no MASTER_ADDR)
+    trains and checks its runs as single processes: with those variables passed on, a run would look for the rank 0
+    it is to meet and refuse to start."""
     root = str(tmp_path / 'root')
-    job = dict(RANK=1, LOCAL_RANK=1, WORLD_SIZE=2, LOCAL_WORLD_SIZE=2, MASTER_ADDR='127.0.0.1', MASTER_PORT=29511,
-               TORCHELASTIC_RUN_ID='job')
     ok(run('sweep.py', '--depths=1', '--variants=baseline', '--seeds=0', f'--out_dir={root}', *TINY,
            f'--data_dir={data_dir}', '--max_iters=1', '--decay_lr=False', '--eval_interval=1', '--plot=False',
-           env=job, timeout=300))
+           env=dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, GROUP_RANK=0), timeout=300))
     with open(os.path.join(root, 'baseline-L1-s0', 'train.log')) as f:
         assert 'x 1 ranks' in f.read()
-
 
 
 @pytest.mark.slow
@@ -726,11 +731,11 @@ def test_a_completep_variant_reaches_train_py(run_here, data_dir, tmp_path):
                     f'--data_dir={data_dir}', f'--out_dir={root}', '--max_iters=2', '--lr_decay_iters=2',
                     '--eval_interval=1', '--plot=False') == 0
     rows = {r['variant']: r for r in read_csv(os.path.join(root, 'sweep.csv'))}
-    ckpt = torch.load(os.path.join(rows[variant]['out_dir'], 'ckpt.pt'), weights_only=True)
+    ckpt = torch.load(os.path.join(root, rows[variant]['out_dir'], 'ckpt.pt'), weights_only=True)
     args = ckpt['model_args']
     assert (args['depth_scaling'], args['depth_base'], args['n_layer'], args['lime']) == ('completep', 1, 2, True)
     assert ckpt['config']['wandb_run_name'] == 'my run'
-    assert rows[variant]['out_dir'].endswith('lime_depth_scaling_completep_depth_base_1_wandb_run_name_my_run-L2-s0')
+    assert rows[variant]['out_dir'] == 'lime_depth_scaling_completep_depth_base_1_wandb_run_name_my_run-L2-s0'
     assert rows['baseline']['status'] == rows[variant]['status']
 
 
@@ -779,7 +784,7 @@ def test_each_row_is_its_own_run_and_a_line_of_mixed_options_is_marked(swept, ru
         assert sorted((r['variant'], r['seed']) for r in rows) == sorted((v, s) for v in ('baseline', 'lime')
                                                                           for s in '012')
         for r in rows:
-            ckpt = torch.load(os.path.join(r['out_dir'], 'ckpt.pt'), weights_only=True)
+            ckpt = torch.load(os.path.join(both, r['out_dir'], 'ckpt.pt'), weights_only=True)
             with torch.device('meta'):
                 size = build_model(RelativesConfig(**ckpt['model_args'])).get_num_params(non_embedding=True)
             assert float(r['learning_rate']) == ckpt['config']['learning_rate'], r
@@ -870,3 +875,206 @@ def test_runs_recorded_with_the_earlier_data_identity_are_this_data_s(swept, run
     torch.save({**ckpt, 'data_id': 'a1b2a1b2a1b2'}, os.path.join(run_dir, 'ckpt.pt'))  # other data stays refused
     assert run_here('sweep.py', *args, f'--out_dir={again}', '--plot=False') == 1
     assert f"{run_dir} was trained on other data (data a1b2a1b2a1b2;" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_closed_pipe_ends_a_sweep_quietly(swept, tmp_path):
+    """`sweep.py ... | head -1` of a sweep that checks its runs with train.py first (in its own process): no
+    'error: BrokenPipeError' from train.py's error hook, which that check installed."""
+    root, args, _, _ = swept
+    again = copy_of(root, tmp_path, 'again')
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        p = run('sweep.py', *args, f'--out_dir={again}', '--plot=False', stdout=write_end, stderr=subprocess.PIPE)
+    finally:
+        os.close(write_end)
+    assert p.returncode == 1 and p.stderr == '', p.stderr
+
+
+@pytest.mark.slow
+def test_a_finished_run_whose_log_lost_its_end_is_said_and_restored(swept, run_here, capsys, tmp_path):
+    """A finished run whose log.jsonl lost its last line, or the whole file: the report says so, naming the file;
+    the next sweep resumes it (nothing to train) and train.py writes the log anew from its checkpoint's copy: done,
+    result and all. A checkpoint without that copy: the run fails with one line naming the log."""
+    root, args, _, _ = swept
+    again = copy_of(root, tmp_path, 'again')
+    cut, gone = (os.path.join(again, name, 'log.jsonl') for name in ('lime-L2-s0', 'baseline-L2-s1'))
+    whole = {path: open(path).read() for path in (cut, gone)}
+    with open(cut, 'w') as f:
+        f.write(whole[cut][:whole[cut].rstrip('\n').rfind('\n') + 1])
+    os.remove(gone)
+    assert run_here('sweep.py', *args, f'--out_dir={again}', '--report_only=True', '--plot=False') == 0
+    err = capsys.readouterr().err
+    for path in (cut, gone):
+        assert f"warning: {path} lacks the final evaluation (iter 3) of a run its sweep.json says finished: " \
+               "reported without it; rerun the sweep (without --report_only) to restore it" in err
+    assert {r['out_dir']: r['status'] for r in read_csv(os.path.join(again, 'sweep.csv'))} == {
+        'baseline-L2-s0': 'done', 'lime-L2-s0': 'incomplete', 'baseline-L2-s1': 'not run', 'lime-L2-s1': 'done'}
+    assert run_here('sweep.py', *args, f'--out_dir={again}', '--plot=False') == 0
+    out, err = capsys.readouterr()
+    assert '2 already done, 0 to evaluate, 2 to resume, 0 to start' in out and 'warning' not in err
+    assert all(open(path).read() == whole[path] for path in (cut, gone))
+    # the same rows as before, wall times too: the resume that restored a log trained nothing
+    assert read_csv(os.path.join(again, 'sweep.csv')) == read_csv(os.path.join(root, 'sweep.csv'))
+    ckpt_path = os.path.join(again, 'lime-L2-s0', 'ckpt.pt')
+    torch.save({**torch.load(ckpt_path, weights_only=True), 'log': None}, ckpt_path)  # as older checkpoints
+    os.remove(cut)
+    assert run_here('sweep.py', *args, f'--out_dir={again}', '--plot=False') == 1
+    out, err = capsys.readouterr()
+    assert '3 already done, 0 to evaluate, 1 to resume, 0 to start' in out
+    assert f"  lime-L2-s0: exited normally, but {cut} holds no val loss at iter 3" in err.splitlines(), err
+
+
+def test_check_only_checks_and_eval_only_and_overwrite_are_refused(run_here, data_dir, tmp_path, capsys):
+    """--check_only=True: train.py checks every variant's options, nothing is claimed or run. eval_only and overwrite
+    would make every run evaluate, or replace, instead of train: one line each, before anything. --skip leaves
+    runs out; one that is not the sweep's is refused."""
+    root = tmp_path / 'root'
+    tiny = ['--depths=1,2', '--variants=baseline,lime', '--seeds=0,1', f'--out_dir={root}', *TINY,
+            f'--data_dir={data_dir}', '--plot=False']
+    assert run_here('sweep.py', *tiny, '--check_only=True', '--skip=lime-L2') == 0
+    assert capsys.readouterr().out.splitlines()[-1] == \
+        "checked by train.py: the options of baseline, lime; 6 runs, nothing started"
+    assert not root.exists()
+    for args, message in [(['--eval_only=True'], "eval_only=True: a sweep trains each run once"),
+                          (['--overwrite=True'], "overwrite=True: a sweep trains each run once, evaluates it at its "
+                                                 "end and never replaces it; to evaluate a run again: python train.py "
+                                                 "--init_from=resume --eval_only=True --out_dir=<its directory>; to "
+                                                 "train it again, delete its directory"),
+                          (['--check_only=maybe'], "check_only='maybe'"),
+                          (['--skip=lime-L4'], "skip='lime-L4': 'lime-L4' is no <variant>-L<depth> of this sweep's")]:
+        with pytest.raises(common.UserError) as e:
+            run_here('sweep.py', *tiny, *args)
+        assert str(e.value).startswith(message), (args, str(e.value))
+        assert not root.exists()
+
+
+@pytest.mark.slow
+def test_a_run_trained_with_overwrite_by_hand_is_the_same_experiment(swept, run_here, capsys, tmp_path):
+    """overwrite and check_only change no experiment: a run whose checkpoint says overwrite=True (trained again by
+    hand with --overwrite) is done, and its options column is the others'."""
+    root, args, _, _ = swept
+    again = copy_of(root, tmp_path, 'again')
+    path = os.path.join(again, 'lime-L2-s0', 'ckpt.pt')
+    ckpt = torch.load(path, weights_only=True)
+    torch.save({**ckpt, 'config': {**ckpt['config'], 'overwrite': True}}, path)
+    assert run_here('sweep.py', *args, f'--out_dir={again}', '--plot=False') == 0
+    assert '4 already done' in capsys.readouterr().out
+    rows = {r['out_dir']: r for r in read_csv(os.path.join(again, 'sweep.csv'))}
+    assert rows['lime-L2-s0']['options'] == rows['lime-L2-s1']['options']
+
+
+# In place of training, a train.py run waits for SIGTERM (as train.py, which then saves a checkpoint and exits 130),
+# noting that it got it
+WAITS_FOR_SIGTERM = """
+import os, signal, sys, time
+if sys.argv[0].endswith('train.py'):
+    out = next(a.split('=', 1)[1] for a in sys.argv if a.startswith('--out_dir='))
+    def stop(signum, frame):
+        open(os.path.join(out, 'stopped'), 'w').write(signal.Signals(signum).name)
+        os._exit(130)
+    signal.signal(signal.SIGTERM, stop)
+    while True:
+        time.sleep(0.1)
+"""
+
+
+@pytest.mark.slow
+def test_a_deadline_stops_the_runs_and_starts_no_more(data_dir, tmp_path):
+    """--deadline_s: once that long has passed since the first run started, the running runs get SIGTERM
+    (train.py saves a checkpoint and stops), no run starts after it, the report is written and the sweep ends."""
+    (tmp_path / 'patch').mkdir()
+    (tmp_path / 'patch' / 'sitecustomize.py').write_text(WAITS_FOR_SIGTERM)
+    root = tmp_path / 'root'
+    code, out, err = script_here('sweep.py', '--depths=1', '--variants=baseline', '--seeds=0,1', '--jobs=1',
+                                 f'--out_dir={root}', *TINY, f'--data_dir={data_dir}', '--max_iters=5',
+                                 '--deadline_s=10', '--plot=False',
+                                 env={'PYTHONPATH': f"{tmp_path / 'patch'}{os.pathsep}{REPO}"})
+    assert code == 0, err
+    assert "; deadline 10 s" in out and "deadline_s=10 passed: 1 run(s) stopped, 1 not started; rerun the same " \
+                                       "command to go on" in out, out
+    assert (root / 'baseline-L1-s0' / 'stopped').read_text() == 'SIGTERM'
+    assert not (root / 'baseline-L1-s1').exists()
+    assert {r['out_dir']: r['status'] for r in read_csv(root / 'sweep.csv')} == {
+        'baseline-L1-s0': 'interrupted', 'baseline-L1-s1': 'not run'}
+
+
+# In place of training, each train.py run marks that it runs on its GPU (CUDA_VISIBLE_DEVICES) and waits until
+# GPU_GUARD_RUNS runs are running (30 s at most), notes how many it saw on each GPU, then writes the log of a
+# finished run, as far as the sweep reads it
+SHARES_GPUS = """
+import json, os, sys, time
+if sys.argv[0].endswith('train.py'):
+    root, want = os.environ['GPU_GUARD_DIR'], int(os.environ['GPU_GUARD_RUNS'])
+    open(os.path.join(root, f"busy-{os.environ.get('CUDA_VISIBLE_DEVICES', 'none')}-{os.getpid()}"), 'w').close()
+    end = time.time() + 30
+    while time.time() < end and len([n for n in os.listdir(root) if n.startswith('busy-')]) < want:
+        time.sleep(0.05)
+    busy = sorted(n.split('-')[1] for n in os.listdir(root) if n.startswith('busy-'))
+    with open(os.path.join(root, 'seen'), 'a') as f:
+        print(os.environ.get('CUDA_VISIBLE_DEVICES'), *busy, file=f)
+    args = dict(a[2:].split('=', 1) for a in sys.argv[1:] if a.startswith('--') and '=' in a)
+    with open(os.path.join(args['out_dir'], 'log.jsonl'), 'w') as f:
+        for it in (0, int(args['max_iters'])):
+            print(json.dumps({'iter': it, 'tokens': it, 'flops': it, 'val_loss': 1.0}), file=f)
+    os._exit(0)
+"""
+
+
+@pytest.mark.slow
+def test_jobs_above_the_gpus_put_several_runs_on_each(data_dir, tmp_path, monkeypatch):
+    """--gpus=0,1 --jobs=4 (the sweep given GPUs 5 and 7): four runs at once, two on each GPU, each run seeing only
+    its own."""
+    guard, path = two_gpus(tmp_path, monkeypatch, SHARES_GPUS)
+    code, stdout, stderr = script_here(
+        'sweep.py', '--depths=1', '--variants=baseline', '--seeds=0,1,2,3', '--gpus=0,1', '--jobs=4',
+        f"--out_dir={tmp_path / 'root'}", *TINY, f'--data_dir={data_dir}', '--max_iters=1', '--decay_lr=False',
+        '--eval_interval=1', '--eval_iters=1', '--plot=False',
+        env={'PYTHONPATH': path, 'GPU_GUARD_DIR': guard, 'GPU_GUARD_RUNS': 4, 'CUDA_VISIBLE_DEVICES': '5,7'})
+    assert code == 0, stderr
+    assert '4 at a time' in stdout and 'on GPUs 0,1' in stdout
+    seen = sorted((guard / 'seen').read_text().splitlines())
+    assert seen == ['5 5 5 7 7'] * 2 + ['7 5 5 7 7'] * 2, seen
+
+
+@pytest.mark.slow
+def test_a_sweep_cut_short_keeps_the_rows_of_the_runs_it_finished(data_dir, tmp_path):
+    """A row goes to sweep.csv as each run ends: a sweep killed outright (kill -9, a lease's end) after one run
+    leaves that run's row."""
+    (tmp_path / 'patch').mkdir()
+    (tmp_path / 'patch' / 'sitecustomize.py').write_text(  # LIMe's run never ends
+        "import os, sys, time\nif sys.argv[0].endswith('train.py') and '--lime=True' in sys.argv:\n"
+        "    out = next(a.split('=', 1)[1] for a in sys.argv if a.startswith('--out_dir='))\n"
+        "    open(os.path.join(out, 'started'), 'w').close()\n    time.sleep(600)\n")
+    root = tmp_path / 'root'
+    sweep = subprocess.Popen([sys.executable, 'sweep.py', '--depths=1', '--variants=baseline,lime', '--seeds=0',
+                              *TINY, f'--data_dir={data_dir}', f'--out_dir={root}', '--max_iters=2',
+                              '--lr_decay_iters=2', '--eval_interval=1', '--plot=False'], cwd=REPO,
+                             env=child_env(PYTHONPATH=f"{tmp_path / 'patch'}{os.pathsep}{REPO}"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 300
+        waited_for = (root / 'sweep.csv', root / 'lime-L1-s0' / 'started')
+        while time.time() < deadline and not all(path.exists() for path in waited_for):
+            time.sleep(0.2)
+    finally:
+        sweep.kill()
+        sweep.communicate()
+    assert (root / 'lime-L1-s0' / 'started').exists()  # the next run was running when the sweep was killed
+    rows = read_csv(root / 'sweep.csv')
+    assert [(r['out_dir'], r['status']) for r in rows] == [('baseline-L1-s0', 'done')] and float(rows[0]['val_loss'])
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(reason="needs the lock fix", strict=False)
+def test_the_sweep_s_lock_follows_no_symlink(swept, tmp_path):
+    """out_dir/.lock a link to a file elsewhere: the sweep refuses it with one line and the file is left as it was."""
+    root, args, _, _ = swept
+    again = copy_of(root, tmp_path, 'again')
+    precious = tmp_path / 'precious'
+    precious.write_text('precious data')
+    os.symlink(precious, os.path.join(again, '.lock'))
+    p = run('sweep.py', *args, f'--out_dir={again}', '--plot=False')
+    assert precious.read_text() == 'precious data'
+    assert p.returncode == 1 and len(p.stderr.splitlines()) == 1 and p.stderr.startswith('error: '), p.stderr

@@ -9,6 +9,7 @@ import torch
 
 from conftest import REPO  # noqa: F401  (the repo on sys.path)
 from nanolime import sweep_csv, sweep_multipliers, sweep_plots, sweep_report, sweep_stats
+from nanolime.sweep_runs import put_row
 
 
 def test_compute_multiplier_interpolation_by_hand():
@@ -371,6 +372,34 @@ def test_earlier_rows_are_typed_and_keep_their_columns(tmp_path):
     assert lines[0].split(',')[-3:] == ['best_of_arm', 'acc_1', 'majority_1']
     assert lines[1].endswith(',True,,') and lines[2].endswith(',True,0.5,0.25')
     assert sweep_csv.earlier_rows(str(tmp_path / 'missing.csv'), new) == []
+
+
+def test_sweep_csv_names_run_folders_relative_to_the_sweep(tmp_path):
+    """sweep.csv's out_dir column holds each run's folder relative to the sweep's out_dir (no path of the machine
+    that ran it); an earlier CSV's absolute paths read the same way; put_row writes one run's row in place of its
+    earlier one, or after the others, as each run ends."""
+    import csv
+    for name in ('baseline-L4-s0', 'lime-L4-s0', 'lime-L4-s1'):
+        (tmp_path / name).mkdir()
+    rows = [dict(row(4, v, 0, loss), out_dir=f'/elsewhere/sweep/{v}-L4-s0') for v, loss in (('baseline', 2.5),
+                                                                                          ('lime', 2.25))]
+    assert [r['out_dir'] for r in csv.DictReader(sweep_csv.csv_text(rows).splitlines())] == [
+        'baseline-L4-s0', 'lime-L4-s0']
+    with open(tmp_path / 'sweep.csv', 'w', newline='') as f:  # as earlier versions wrote it: absolute paths
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    assert [r['out_dir'] for r in sweep_csv.earlier_rows(str(tmp_path / 'sweep.csv'), [])] == [
+        str(tmp_path / 'baseline-L4-s0'), str(tmp_path / 'lime-L4-s0')]
+    assert [r['out_dir'] for r in sweep_csv.read_rows(tmp_path / 'sweep.csv')] == [
+        str(tmp_path / 'baseline-L4-s0'), str(tmp_path / 'lime-L4-s0')]
+    for name in ('lime-L4-s1', 'lime-L4-s0'):  # a row after the others, then one in place of its earlier one
+        put_row(str(tmp_path / 'sweep.csv'), dict(row(4, 'lime', int(name[-1]), 2.0), out_dir=str(tmp_path / name)))
+    written = list(csv.DictReader((tmp_path / 'sweep.csv').read_text().splitlines()))
+    assert [(r['out_dir'], r['val_loss']) for r in written] == [
+        ('baseline-L4-s0', '2.5'), ('lime-L4-s0', '2.0'), ('lime-L4-s1', '2.0')]
+    assert [r['out_dir'] for r in sweep_csv.read_rows(tmp_path / 'sweep.csv')] == [
+        str(tmp_path / name) for name in ('baseline-L4-s0', 'lime-L4-s0', 'lime-L4-s1')]
 
 
 def test_a_table_line_that_mixes_run_lengths_or_data_says_so(capsys):

@@ -7,7 +7,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from nanolime.common import UserError
-from nanolime.sweep_runs import check_options, final_record, int_list, read_json, read_state, run_log, tier_scores
+from nanolime.sweep_runs import (check_options, final_record, int_list, launch_order, read_json, read_state,
+                                 run_log, skipped_runs, tier_scores)
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')
 
@@ -32,14 +33,18 @@ def test_read_json_and_final_record(tmp_path):
 
 
 def test_check_options_returns_train_py_s_config_and_names_a_close_key(tiny_data_dir, tmp_path, monkeypatch):
-    """train.py checks each variant's options and is stopped before it claims the out_dir: nothing is written."""
-    monkeypatch.setattr(sys, 'excepthook', sys.excepthook)  # train.py's configure() installs its own
+    """train.py checks each variant's options and is stopped before it claims the out_dir: nothing is written, and
+    the sweep's error hook (which ends `sweep.py | head` quietly) is the sweep's again, not train.py's."""
+    def hook(*args):
+        pass
+    monkeypatch.setattr(sys, 'excepthook', hook)
     args = ['--dataset=shakespeare_char', f'--data_dir={tiny_data_dir}', '--n_layer=2', '--n_embd=32', '--n_head=2',
             '--device=cpu', f'--out_dir={tmp_path / "run"}']
     configs = check_options(TRAIN_PY, {'baseline': [*args, '--lime=False'], 'lime': [*args, '--lime=True']},
                             ['depths'])
     assert configs['baseline']['lime'] is False and configs['lime']['lime'] is True
     assert configs['lime']['n_layer'] == 2 and not (tmp_path / 'run').exists()
+    assert sys.excepthook is hook
     with pytest.raises(UserError, match="variant lime: .*variantss.*did you mean 'variants'"):
         check_options(TRAIN_PY, {'baseline': args, 'lime': [*args, '--variantss=a']}, ['variants'])
 
@@ -71,3 +76,20 @@ def test_a_damaged_log_is_a_warning_and_no_record(tmp_path, capsys):
     (tmp_path / 'log.jsonl').write_text(json.dumps({'iter': 10, 'val_loss': 2.5}) + '\n[1, 2]\n')
     assert run_log(str(tmp_path)) == [] and final_record(str(tmp_path), 10) is None
     assert f"warning: {tmp_path / 'log.jsonl'}, line 2: not a record of train.py" in capsys.readouterr().err
+
+
+def test_skipped_runs_and_the_launch_order():
+    """--skip names <variant>-L<depth> of the sweep's (a variant may hold '-L' and '~'); the runs start seed by seed,
+    deepest first within a seed, the variants in their order."""
+    variants = ['baseline', 'lime~wandb_run_name=a-L2']
+    assert skipped_runs('lime~wandb_run_name=a-L2-L8, baseline-L4', variants, [4, 8]) == {
+        ('lime~wandb_run_name=a-L2', 8), ('baseline', 4)}
+    assert skipped_runs('', variants, [4, 8]) == set()
+    for bad in ('lime-L8', 'baseline-L16', 'baseline-8', 'baseline-Lx'):
+        with pytest.raises(UserError, match=rf"^skip='{bad}': '{bad}' is no <variant>-L<depth> of this sweep's"):
+            skipped_runs(bad, variants, [4, 8])
+    runs = [{'depth': d, 'variant': v, 'seed': s} for d in (4, 8) for s in (1, 0) for v in ('baseline', 'lime')]
+    assert [(r['seed'], r['depth'], r['variant']) for r in launch_order(runs)] == [
+        (0, 8, 'baseline'), (0, 8, 'lime'), (0, 4, 'baseline'), (0, 4, 'lime'),
+        (1, 8, 'baseline'), (1, 8, 'lime'), (1, 4, 'baseline'), (1, 4, 'lime')]
+
