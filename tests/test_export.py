@@ -306,7 +306,12 @@ def test_train_init_from_hf_starts_from_the_llama(runs, tmp_path, data_dir, caps
 def test_refusals(runs, tmp_path, data_dir):
     lime, base = runs('lime-gqa'), runs('baseline-mha')
     cases = [
-        ((base, '--format=lime-authors'), "format='lime-authors' holds LIMe models; this is a baseline"),
+        ((base, '--format=lime-authors'), "cannot hold this model (lime=False: a baseline): the authors' code has "
+                                          "LIMe's static full router only; export it with --format=hf (a plain "
+                                          "LlamaForCausalLM)"),
+        ((runs('depthattn-gqa'), '--format=lime-authors'), "cannot hold this model (depth_attention=True)"),
+        ((lime, f'--to={tmp_path}/y'), f"--export_dir={tmp_path}/x and --to={tmp_path}/y: --to is --export_dir's "
+                                       "earlier name; name the folder to write once"),
         ((runs('lime-average'), '--format=lime-authors'), "cannot hold this model (router='average')"),
         ((runs('lime-mhc'), '--format=lime-authors'), "cannot hold this model (hc=2)"),
         ((runs('lime-completep'), '--format=lime-authors'), "cannot hold this model (depth_scaling='completep')"),
@@ -315,7 +320,7 @@ def test_refusals(runs, tmp_path, data_dir):
     for (out, *args), message in cases:
         with pytest.raises(UserError, match=message.replace('(', r'\(').replace(')', r'\)')):
             script_here('integrations/export.py', f'--out_dir={out}', f'--export_dir={tmp_path}/x', *args)
-        assert not os.path.exists(f'{tmp_path}/x')
+        assert not os.path.exists(f'{tmp_path}/x') and not os.path.exists(f'{tmp_path}/y')
     full = tmp_path / 'full'
     full.mkdir()
     (full / 'keep.txt').write_text('mine')
@@ -335,10 +340,17 @@ def test_refusals(runs, tmp_path, data_dir):
     shutil.copytree(tmp_path / 'llama', shapes)
     config = json.load(open(shapes / 'config.json'))
     json.dump({**config, 'intermediate_size': config['intermediate_size'] + 64}, open(shapes / 'config.json', 'w'))
+    mistral = tmp_path / 'mistral'  # a config.json of another model_type, its class a Llama's
+    shutil.copytree(tmp_path / 'llama', mistral)
+    json.dump({**config, 'model_type': 'mistral'}, open(mistral / 'config.json', 'w'))
     vocab = tmp_path / 'vocab'
     shutil.copytree(tmp_path / 'llama', vocab)
     json.dump({**config, 'vocab_size': 100}, open(vocab / 'config.json', 'w'))
-    for folder, message in [('remote', "a ['NanoLIMeForCausalLM'] model; only a plain LlamaForCausalLM can be"),
+    for folder, message in [('remote', "config.json names model_type 'nanolime' and NanoLIMeForCausalLM; only a "
+                                       "plain Llama (model_type 'llama', LlamaForCausalLM) can be imported (a "
+                                       "nanoLIMe export continues with its run's own --init_from=resume)"),
+                            ('mistral', "config.json names model_type 'mistral' and LlamaForCausalLM; only a plain "
+                                        "Llama (model_type 'llama', LlamaForCausalLM) can be imported"),
                             ('attention_bias', 'unsupported Llama (attention_bias)'),
                             ('hidden_act', "unsupported Llama (hidden_act='gelu')"),
                             ('shapes', 'mlp.gate_proj.weight has shape (128, 32) there, (192, 32) here'),
