@@ -13,7 +13,6 @@ existing non-empty one is refused. See docs/export.md.
 """
 import os
 import re
-import sys
 import json
 import shutil
 import tempfile
@@ -29,14 +28,7 @@ out_dir = 'out-shakespeare-char'  # where ckpt.pt is
 export_dir = ''            # the folder to write (must not exist, or be empty)
 format = 'hf'              # 'hf' (transformers) or 'lime-authors' (the LIMe authors' layout)
 # -----------------------------------------------------------------------------
-given = [arg for arg in sys.argv if arg.startswith(('--to=', '--export_dir='))]
-for i, arg in enumerate(sys.argv):  # the flag's earlier name, which read like a format
-    if arg.startswith('--to='):
-        print("note: --to=DIR is now --export_dir=DIR (the folder to write); --to will be removed", file=sys.stderr)
-        sys.argv[i] = '--export_dir=' + arg[len('--to='):]
 configure(globals())
-if len(given) > 1 and any(arg.startswith('--to=') for arg in given):
-    raise UserError(f"{' and '.join(given)}: --to is --export_dir's earlier name; name the folder to write once")
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: model.py and its siblings
 if format not in ('hf', 'lime-authors'):

@@ -46,8 +46,9 @@ class UserError(Exception):
 
 
 def printable(text):
-    """`text` with its control characters escaped (a terminal's escape sequences, a newline): text from a file
-    (a checkpoint's, a log's) printed as it is could move the cursor, recolour or clear the terminal."""
+    """`text` with its control characters escaped (a terminal's escape sequences, a newline): text
+    from a file (a checkpoint's, a log's) printed as it is could move the cursor, recolour or clear
+    the terminal."""
     return ''.join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
@@ -257,9 +258,10 @@ def excepthook(etype, e, tb):
         msg = "interrupted; nothing more was saved (the last checkpoint, if any, is intact)"
     elif issubclass(etype, UserError):
         msg = str(e)
-    elif issubclass(etype, BrokenPipeError):  # `train.py | head -1`: the reader has gone; nothing more is printed
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (nor flushed into the pipe at the exit)
-        msg = "stdout was closed by its reader (a pipe into head, say): stopped here; what was saved is intact"
+    elif issubclass(etype, BrokenPipeError):  # `train.py | head -1`: the reader has gone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing flushed into it
+        msg = "stdout was closed by its reader (a pipe into head, say): stopped here; what was saved " \
+            "is intact"
     elif _out_of_memory(e):
         advice = OUT_OF_MEMORY_ADVICE
         msg = f"out of memory: {advice.get(os.path.basename(sys.argv[0]), advice['train.py'])}"
@@ -270,7 +272,8 @@ def excepthook(etype, e, tb):
     else:
         msg = f"{etype.__name__}: {first} (rerun with --debug for the traceback)"
     try:
-        print(f"error: {f'[rank {rank}] ' if rank else ''}{printable(msg)}", file=sys.stderr, flush=True)
+        print(f"error: {f'[rank {rank}] ' if rank else ''}{printable(msg)}", file=sys.stderr,
+              flush=True)
     except OSError:  # stderr closed too
         pass
     status = 130 if issubclass(etype, KeyboardInterrupt) else 1
@@ -281,14 +284,15 @@ def excepthook(etype, e, tb):
 
 
 def _out_of_memory(e):
-    """Whether exception `e` says that memory ran out: on a GPU, or on the CPU (torch's allocator, or Python's)."""
+    """Whether exception `e` says that memory ran out: on a GPU, or on the CPU (torch's allocator,
+    or Python's)."""
     return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or 'DefaultCPUAllocator' in str(e)
 
 
 @contextmanager
 def out_of_memory(doing):
-    """Running out of memory within is a UserError that says what it was `doing` and what to do (in place of
-    OUT_OF_MEMORY_ADVICE's, which is for the run's steps)."""
+    """Running out of memory within is a UserError that says what it was `doing` and what to do (in
+    place of OUT_OF_MEMORY_ADVICE's, which is for the run's steps)."""
     try:
         yield
     except Exception as e:
@@ -362,36 +366,40 @@ def ddp_env(env=None):
 
 
 def start_ddp(device, rank, world_size, run):
-    """torch.distributed's process group of this rank on `device` (a resolved one: NCCL on CUDA, gloo on the CPU),
-    said first: it waits until all world_size ranks have joined (a rank that was never started is waited for until
-    torch's timeout, 10-30 minutes). Then, before any other collective, the ranks compare `run` (a dict of what
-    defines the run: they must run the same one, or they would wait in collectives that do not match, or train
-    apart): UserError on every rank naming the first key whose value differs, and each rank's."""
+    """torch.distributed's process group of this rank on `device` (a resolved one: NCCL on CUDA,
+    gloo on the CPU), said first: it waits until all world_size ranks have joined (a rank that was
+    never started is waited for until torch's timeout, 10-30 minutes). Then, before any other
+    collective, the ranks compare `run` (a dict of what defines the run: they must run the same one,
+    or they would wait in collectives that do not match, or train apart): UserError on every rank
+    naming the first key whose value differs, and each rank's."""
     if device == 'mps':
         raise UserError("DDP (torchrun) is not supported on MPS; use --device=cpu")
     where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-    print(f"ddp: rank {rank} waits for all {world_size} ranks (WORLD_SIZE) to join at {where} (MASTER_ADDR:"
-          "MASTER_PORT); torchrun starts them together", flush=True)
+    print(f"ddp: rank {rank} waits for all {world_size} ranks (WORLD_SIZE) to join at {where} "
+          "(MASTER_ADDR:MASTER_PORT); torchrun starts them together", flush=True)
     try:
-        torch.distributed.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
-    except torch.distributed.DistNetworkError as e:  # rank 0 listens at MASTER_PORT, the others connect to it
+        torch.distributed.init_process_group('nccl' if device.startswith('cuda') else 'gloo')
+    except torch.distributed.DistNetworkError as e:  # rank 0 listens at MASTER_PORT
         reason = "the port is in use by another program" if 'EADDRINUSE' in str(e) else \
             (str(e).strip().splitlines() or [''])[0][:200]
-        raise UserError(f"the ranks cannot meet at MASTER_ADDR:MASTER_PORT={where} ({reason}); choose another "
-                        "MASTER_PORT (torchrun --master_port=N), or end what holds it") from None
+        raise UserError(f"the ranks cannot meet at MASTER_ADDR:MASTER_PORT={where} ({reason}); "
+                        "choose another MASTER_PORT (torchrun --master_port=N), or end what holds it") \
+            from None
     sys.excepthook = excepthook  # init_process_group wraps it, and the wrapper loses our one-line errors
     runs = [None] * world_size
     torch.distributed.all_gather_object(runs, run)
-    keys = list(dict.fromkeys(k for r in runs for k in r))  # rank 0's in its order, then any only others have
+    keys = list(dict.fromkeys(k for r in runs for k in r))  # rank 0's in order, then others' own
     differ = [k for k in keys if len({repr(r.get(k, 'not set')) for r in runs}) > 1]
     if differ:
         ranks = {}
         for r, values in enumerate(runs):
             ranks.setdefault(repr(values.get(differ[0], 'not set')), []).append(str(r))
-        said = '; '.join(f"{value} on rank{'s' if len(rs) > 1 else ''} {', '.join(rs)}" for value, rs in ranks.items())
+        said = '; '.join(f"{value} on rank{'s' if len(rs) > 1 else ''} {', '.join(rs)}"
+                         for value, rs in ranks.items())
         more = f" ({', '.join(differ[1:])} too)" if differ[1:] else ''
-        raise UserError(f"the ranks were started for different runs: {differ[0]} is {said}{more}; start every rank "
-                        "with the same options, data and checkpoint (torchrun passes its command line to each)")
+        raise UserError(f"the ranks were started for different runs: {differ[0]} is {said}{more}; "
+                        "start every rank with the same options, data and checkpoint (torchrun passes "
+                        "its command line to each)")
 
 
 def wrap_ddp(model, device):

@@ -145,12 +145,13 @@ def test_the_wrapper_is_a_module_of_the_repository_that_imports_where_an_export_
             del sys.modules[name]
 
 
-def test_the_flag_s_earlier_name_still_works_with_a_notice(runs, tmp_path):
-    """--to was renamed --export_dir (a folder, where --to read like a format): --to=DIR still exports, saying so."""
-    code, stdout, stderr = script_here('integrations/export.py', f'--out_dir={runs("baseline-mha")}',
-                                       f'--to={tmp_path}/x')
-    assert code == 0 and os.path.isfile(f'{tmp_path}/x/config.json')
-    assert stderr.splitlines() == ["note: --to=DIR is now --export_dir=DIR (the folder to write); --to will be removed"]
+def test_the_flag_s_earlier_name_is_gone(runs, tmp_path):
+    """--to (export_dir's earlier name, which read like a format) is an unknown key: beside --export_dir it is not
+    left unread."""
+    with pytest.raises(UserError, match=r"unknown config key 'to' \(--to="):
+        script_here('integrations/export.py', f'--out_dir={runs("baseline-mha")}', f'--export_dir={tmp_path}/x',
+                    f'--to={tmp_path}/y')
+    assert not os.path.exists(tmp_path / 'x') and not os.path.exists(tmp_path / 'y')
 
 
 def test_pipeline_generates_with_remote_code(runs, tmp_path):
@@ -310,8 +311,6 @@ def test_refusals(runs, tmp_path, data_dir):
                                           "LIMe's static full router only; export it with --format=hf (a plain "
                                           "LlamaForCausalLM)"),
         ((runs('depthattn-gqa'), '--format=lime-authors'), "cannot hold this model (depth_attention=True)"),
-        ((lime, f'--to={tmp_path}/y'), f"--export_dir={tmp_path}/x and --to={tmp_path}/y: --to is --export_dir's "
-                                       "earlier name; name the folder to write once"),
         ((runs('lime-average'), '--format=lime-authors'), "cannot hold this model (router='average')"),
         ((runs('lime-mhc'), '--format=lime-authors'), "cannot hold this model (hc=2)"),
         ((runs('lime-completep'), '--format=lime-authors'), "cannot hold this model (depth_scaling='completep')"),
@@ -320,7 +319,7 @@ def test_refusals(runs, tmp_path, data_dir):
     for (out, *args), message in cases:
         with pytest.raises(UserError, match=message.replace('(', r'\(').replace(')', r'\)')):
             script_here('integrations/export.py', f'--out_dir={out}', f'--export_dir={tmp_path}/x', *args)
-        assert not os.path.exists(f'{tmp_path}/x') and not os.path.exists(f'{tmp_path}/y')
+        assert not os.path.exists(f'{tmp_path}/x')
     full = tmp_path / 'full'
     full.mkdir()
     (full / 'keep.txt').write_text('mine')
