@@ -535,19 +535,21 @@ def _logged_iter(line):
 
 def read_log(out_dir):
     """The records of out_dir/log.jsonl that train.py writes, one dict per logged iteration (a last
-    line a crash cut short is skipped); [] if there is none. UserError naming a line that is no
-    record."""
+    line that is no JSON, cut short by a crash, is skipped); [] if there is none. UserError naming
+    a line that is no record."""
     records, path = [], os.path.join(out_dir, 'log.jsonl')
     lines = _log_lines(path)
     for number, line in enumerate(lines, 1):
-        cut = number == len(lines) and not line.endswith('\n') and line.startswith('{')
-        if not line.strip() or cut:
-            continue
-        if _logged_iter(line.rstrip('\n') + '\n') == math.inf:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            if number == len(lines) or not line.strip():
+                continue
+            records.append(None)
+        if not isinstance(records[-1], dict) or type(records[-1].get('iter')) is not int:
             raise UserError(f"{path}, line {number}: not a record of train.py ({line.strip()[:60]!r}; "
                             "each line is a JSON object with its 'iter'): delete that line, or restore the "
                             "file")
-        records.append(json.loads(line))
     return records
 
 
