@@ -267,8 +267,7 @@ def atomic_write(path, write, then="run again"):
     try:
         if os.path.lexists(tmp):  # a killed process's of the same pid
             os.remove(tmp)
-        new = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC  # (no link)
-        with open(os.open(tmp, new, 0o666), 'wb') as f:
+        with open(tmp, 'xb', opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW, 0o666)) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
