@@ -304,6 +304,8 @@ if __name__ == '__main__':
     setting_list = parse_settings(settings, n_head, n_kv_head, gqa_kv_head)
     for name, n_kv, L in [(name, s[1], L) for name in names for s in setting_list for L in layer_list]:
         variant_config(name, dict(shape, n_kv_head=n_kv, n_layer=L))  # every error before any work
+    if json and os.path.lexists(json):  # an earlier benchmark's records (a link is replaced, not written through)
+        print(f"note: json={json} exists: this benchmark's records replace it")
     dev = torch.device(resolve_device(device))  # an indexed device: cuda:N
     ctx = autocast(str(dev), resolve_dtype(dtype, str(dev)))
     torch.set_num_threads(threads or torch.get_num_threads())

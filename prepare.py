@@ -25,7 +25,7 @@ import hashlib
 import numpy as np
 
 from nanolime.common import UserError, configure
-from nanolime.checkpoint import writable_dir
+from nanolime.checkpoint import atomic_write, writable_dir
 from nanolime.data import DATA_DIR, DATASETS, EOT, arithmetic_tiers, dataset_dir, get_gpt2_encoding
 
 # config: the dataset is the bare word (python prepare.py shakespeare), the rest --key=value
@@ -54,10 +54,9 @@ def write_dataset(out_dir, train_ids, val_ids, meta):
     os.makedirs(out_dir, exist_ok=True)
     if os.path.exists(os.path.join(out_dir, 'meta.pkl')):  # redoing: until the end, the old data is not prepared
         os.remove(os.path.join(out_dir, 'meta.pkl'))
-    for split, ids in (('train', train_ids), ('val', val_ids)):
-        np.asarray(ids, dtype=np.uint16).tofile(os.path.join(out_dir, f'{split}.bin'))
-    with open(os.path.join(out_dir, 'meta.pkl'), 'wb') as f:  # written last: its presence marks a finished run
-        pickle.dump(meta, f)
+    for split, ids in (('train', train_ids), ('val', val_ids)):  # each whole or not at all (a full disk)
+        atomic_write(os.path.join(out_dir, f'{split}.bin'), np.asarray(ids, dtype=np.uint16).tofile)
+    atomic_write(os.path.join(out_dir, 'meta.pkl'), lambda f: pickle.dump(meta, f))  # last: marks a finished run
     print(f"{out_dir}: train {len(train_ids):,} tokens, val {len(val_ids):,} tokens, vocab {meta['vocab_size']:,}")
 
 def read_shakespeare(path=SHAKESPEARE_PATH):

@@ -22,10 +22,10 @@ import dataclasses
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
 from nanolime.common import UserError, configure, check_ranges, resolve_device, resolve_dtype, autocast, ddp_env, \
-    start_ddp, wrap_ddp, catch_stop_signals, device_peak_flops
+    start_ddp, wrap_ddp, catch_stop_signals, device_peak_flops, out_of_memory
 from nanolime.checkpoint import atomic_save, load_checkpoint, claim_out_dir, check_resume, on_rank_0, RunLog, \
     load_optimizers, collect_states, resumed_counts, resumed_rng, check_same_weights, git_commit, load_weights, \
-    CKPT_NAME, CKPT_MARKER
+    checkpoint_id, changes_said, CKPT_NAME, CKPT_MARKER
 from nanolime.data import data_id, data_info, get_batch
 from nanolime.optim import configure_optimizers
 import numpy as np
@@ -113,8 +113,8 @@ peak_flops = 0.0           # per-device peak FLOP/s for MFU; 0.0: from the GPU's
 fsdp = False               # torchrun only: weights, gradients, AdamW's state sharded over the ranks (nanolime/fsdp.py)
 check_only = False         # check every option, print the run's config (JSON) and exit before out_dir is claimed
 # -----------------------------------------------------------------------------
-given = set()  # the options a config file or --key=value set: an import (init_from='hf:DIR') checks its shape's
-config = configure(globals(), given=given)
+# given: the options a config file or --key=value set: an import (init_from='hf:DIR') checks its shape's
+config = configure(globals(), given=(given := set()))
 hf_dir = imported_from = init_from[len('hf:'):] if init_from.startswith('hf:') else None  # a Llama (resumed: ckpt's)
 
 # everything that can be checked is checked before any work
@@ -159,8 +159,7 @@ try:  # shapes and the router variant
         f.name: config[f.name] for f in dataclasses.fields(RelativesConfig) if f.name in config})
 except ValueError as e:
     raise UserError(f"invalid model config: {e}") from None
-if ckpt is not None:
-    check_resume(ckpt, ckpt_path, dataclasses.asdict(model_config), config, meta, ddir)
+changes = check_resume(ckpt, ckpt_path, dataclasses.asdict(model_config), config, meta, ddir)
 
 # devices and DDP
 device = resolve_device(device)  # an indexed 'cuda:N' on CUDA: cuda:LOCAL_RANK under torchrun
@@ -175,12 +174,15 @@ use_compile = (device_type == 'cuda') if compile == 'auto' else compile
 if device_type == 'cuda':
     torch.cuda.set_device(device)
     torch.backends.cuda.matmul.allow_tf32 = True
-if ddp:
-    start_ddp(device, rank, world_size)
+if ddp:  # one run on every rank: the same options, data and checkpoint (wherever each keeps them)
+    run = {k: v for k, v in config.items() if k not in ('out_dir', 'data_dir', 'debug')}
+    run.update(data=data_identity, checkpoint=ckpt and checkpoint_id(ckpt_path))
+    start_ddp(device, rank, world_size, run)
 
 # model and optimizer, from the Llama's weights or the checkpoint's; all checked before out_dir is claimed
 torch.manual_seed(seed)
-model = build_model(model_config).to(device)
+with out_of_memory("building the model: train a smaller one, or on a device with more memory"):
+    model = build_model(model_config).to(device)
 if hf_dir is not None:  # the Llama's weights; with router_init='identity' a LIMe computes the same function
     load_llama(model, hf_dir)
 if ckpt is not None:  # the weights first: FSDP shards them, and the optimizer is made of the shards
@@ -198,8 +200,8 @@ except ValueError as e:  # an optimizer the model has no rules for (CompleteP's 
 optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
 scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
 if ckpt is not None:  # their states (and the scaler's), with this run's settings
-    changed = load_optimizers(optimizers, scaler, ckpt, ckpt_path, config,
-                              sharding.sharded_optimizer_state if fsdp else None)
+    load_optimizers(optimizers, scaler, ckpt, ckpt_path, changes,
+                    sharding.sharded_optimizer_state if fsdp else None)
 if check_only:  # sweep.py checks each of its runs so
     print(json.dumps(config))
     sys.exit(0)
@@ -213,8 +215,9 @@ torch.manual_seed(seed + 1 + rank)  # dropout
 data_rng = resumed_rng(ckpt, seed, rank, world_size, device, announce=master)  # each rank draws its own batches
 if master and ckpt is not None:
     print(f"resuming from {ckpt_path} at iter {iter_num + 1} (best val loss {best_val_loss:.4f})"
-          + (f"\n{changed}" if changed else ''))
-run_log, ckpt = RunLog(out_dir, ckpt if master else None), None  # log.jsonl, rank 0's; the checkpoint's file freed
+          + (f"\n{changes_said(changes, ckpt_path, iter_num + 1)}" if changes else ''))
+# log.jsonl (rank 0's; it says from when on the changes hold); the checkpoint's file freed
+run_log, ckpt = RunLog(out_dir, ckpt if master else None, None if eval_only else changes), None
 flops_per_token = model.flops_per_token(block_size)
 if master:
     print(f"global batch: {batch_size} seqs x {block_size} tokens x {grad_accum} accumulation steps x "

@@ -13,7 +13,6 @@ existing non-empty one is refused. See docs/export.md.
 """
 import os
 import re
-import sys
 import json
 import shutil
 import tempfile
@@ -29,10 +28,6 @@ out_dir = 'out-shakespeare-char'  # where ckpt.pt is
 export_dir = ''            # the folder to write (must not exist, or be empty)
 format = 'hf'              # 'hf' (transformers) or 'lime-authors' (the LIMe authors' layout)
 # -----------------------------------------------------------------------------
-for i, arg in enumerate(sys.argv):  # the flag's earlier name, which read like a format
-    if arg.startswith('--to='):
-        print("note: --to=DIR is now --export_dir=DIR (the folder to write); --to will be removed", file=sys.stderr)
-        sys.argv[i] = '--export_dir=' + arg[len('--to='):]
 configure(globals())
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: model.py and its siblings
@@ -56,14 +51,13 @@ cfg = dataclasses.asdict(model.config)
 meta = ckpt.get('meta') or {}
 sd = model.state_dict()
 if format == 'lime-authors':
-    if not cfg['lime']:
-        raise UserError("format='lime-authors' holds LIMe models; this is a baseline: export it with --format=hf "
-                        "(a plain LlamaForCausalLM)")
     others = hf.variants(cfg)
-    if others or cfg['router'] != 'full':
-        what = f"{others[0]}={cfg[others[0]]!r}" if others else f"router={cfg['router']!r}"
+    if not cfg['lime'] or others or cfg['router'] != 'full':
+        what = f"{others[0]}={cfg[others[0]]!r}" if others else f"router={cfg['router']!r}" if cfg['lime'] else \
+            "lime=False: a baseline"
+        how = 'a plain LlamaForCausalLM' if hf.is_llama(cfg) else 'remote code'
         raise UserError(f"format='lime-authors' cannot hold this model ({what}): the authors' code has LIMe's static "
-                        "full router only; export it with --format=hf (remote code)")
+                        f"full router only; export it with --format=hf ({how})")
     # a LlamaConfig, as their code reads it, but not model_type 'llama': transformers' Auto classes would load it as a
     # LlamaForCausalLM with random k and v projections (their kv_proj_weight has no place there), warning only
     config = {**hf.llama_config(cfg), 'architectures': ['LIMeForCausalLM'], 'model_type': 'lime'}

@@ -179,10 +179,12 @@ def llama_model_args(path):
     if 'model_type' not in c:
         raise UserError(f"init_from=hf:{path}: config.json has no model_type (transformers writes 'llama' for a "
                         "LlamaForCausalLM); save the model again with transformers")
-    if c['model_type'] != 'llama' or 'LlamaForCausalLM' not in (c.get('architectures') or ['LlamaForCausalLM']):
-        raise UserError(f"init_from=hf:{path}: a {c.get('architectures') or c['model_type']} model; only a plain "
-                        "LlamaForCausalLM can be imported (a nanoLIMe export of LIMe continues with the run's own "
-                        "--init_from=resume)")
+    kind, classes = c['model_type'], c.get('architectures') or ['LlamaForCausalLM']
+    if kind != 'llama' or 'LlamaForCausalLM' not in classes:
+        ours = " (a nanoLIMe export continues with its run's own --init_from=resume)" if kind in ('nanolime', 'lime') \
+            else ''
+        raise UserError(f"init_from=hf:{path}: config.json names model_type {kind!r} and {', '.join(map(str, classes))}"
+                        f"; only a plain Llama (model_type 'llama', LlamaForCausalLM) can be imported{ours}")
     lacks = [k for k in ('num_attention_heads', 'num_hidden_layers', 'hidden_size', 'intermediate_size', 'vocab_size')
              if c.get(k) is None]
     if lacks:

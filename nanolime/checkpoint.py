@@ -5,22 +5,28 @@ verdicts under DDP and the check that all ranks hold its weights, and the log tr
 """
 import os
 import dataclasses
+import errno
 import fcntl
 import glob
 import json
 import math
+import stat
 import tempfile
+import zipfile
 
-from nanolime.common import UserError
+from nanolime.common import UserError, printable
 import torch
 
 CKPT_NAME = 'ckpt.pt'
 CKPT_MARKER = 'nanolime'  # key present in every checkpoint we write (value: format version)
+# train.py writes checkpoints atomically: a damaged one was cut or changed by something else
+DAMAGED = "restore it from a copy, or train again (train.py --overwrite replaces it)"
 
 
-def writable_dir(path, key):
-    """Make directory `path` (set by config key `key`) if missing and check that this process can write files in
-    it, before any work that the first write would otherwise lose; UserError saying what to change if not."""
+def writable_dir(path, key, fix=None):
+    """Make directory `path` (set by config key `key`) if missing and check that this process can
+    write files in it, before any work that the first write would otherwise lose; UserError saying
+    what to change if not (`fix`, else to choose another)."""
     if not path:
         raise UserError(f"{key} is empty: name a directory (--{key}=DIR)")
     try:
@@ -29,37 +35,78 @@ def writable_dir(path, key):
             pass
     except OSError as e:
         reason = "it is a file, not a directory" if isinstance(e, FileExistsError) else (e.strerror or str(e)).lower()
-        raise UserError(f"cannot write into {key}={path}: {reason}; choose another --{key}") from None
+        fix = fix or f"choose another --{key}"
+        raise UserError(f"cannot write into {key}={path}: {reason}; {fix}") from None
 
 
 _locks = {}  # directory -> the open lock file; kept open (and so locked) until this process ends
 
 
 def lock_dir(path, what):
-    """Claim directory `path` for this process's life: an exclusive flock on <path>/.lock, with our pid written in
-    it for whoever finds it taken. `what` names the directory in the error, e.g. 'out_dir'. UserError naming the
-    process that holds it (the lock goes with that process, however it ends: no stale locks to clean up)."""
+    """Claim directory `path` for this process's life: an exclusive flock on <path>/.lock, with our
+    pid written in it for whoever finds it taken. `what` names the directory in the error, e.g.
+    'out_dir'. UserError naming the process that holds it (the lock goes with that process, however
+    it ends: no stale locks to clean up), or if .lock is no plain file (not followed: nothing
+    outside `path` is written) or cannot be written."""
     os.makedirs(path, exist_ok=True)
-    fd = os.open(os.path.join(path, '.lock'), os.O_RDWR | os.O_CREAT, 0o644)
+    lock = os.path.join(path, '.lock')
+    existed = os.path.lexists(lock)
+    try:  # O_NONBLOCK: a named pipe opens at once (and is refused) instead of waiting for a writer
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o644)
+    except OSError as e:  # a link (ELOOP), a directory (EISDIR), ...
+        raise UserError(not_own_file(lock) or _cannot_write(lock, e, "run again")) from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pid = os.read(fd, 32).decode(errors='replace').strip() or '?'
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UserError(not_own_file(lock))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.read(fd, 32).decode(errors='replace').strip() or '?'
+            raise UserError(f"{what} {path} is in use by another process (pid {pid}); wait for it "
+                            f"to end, or use another {what}") from None
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as e:  # a full disk: no empty .lock is left behind
+            os.remove(lock) if not existed else None
+            raise UserError(_cannot_write(lock, e, "run again")) from None
+    except UserError:
         os.close(fd)
-        raise UserError(f"{what} {path} is in use by another process (pid {pid}); wait for it to end, "
-                        f"or use another {what}") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+        raise
     _locks[path] = fd
 
 
+def not_own_file(path):
+    """Why `path`, where a script keeps a file of its own, is not one: a link (writing it would
+    write where it points), a directory, a named pipe (reading it would wait for a writer); None if
+    it is a plain file or none."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    kind = (f"a symbolic link (to {os.readlink(path)})" if stat.S_ISLNK(mode) else "a directory"
+            if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode) else
+            None if stat.S_ISREG(mode) else "a socket or device")
+    return kind and (f"{path} is {kind}, where a plain file belongs: nothing was read or written "
+                     f"through it; move it out of {os.path.dirname(path) or '.'}, or use another "
+                     "directory")
+
+
 def claim_out_dir(out_dir, init_from, overwrite, trains):
-    """Make out_dir train.py's alone, before any work: writable (checked now, not at the first save), locked until
-    this process ends (a second run into it stops here), a trained model in it replaced only when asked to and only
-    by a run that trains (`trains`), and the temp files of a killed run's writes removed. UserError if not."""
-    writable_dir(out_dir, 'out_dir')
+    """Make out_dir train.py's alone, before any work: writable (checked now, not at the first
+    save), locked until this process ends (a second run into it stops here), its files plain ones
+    (never read or written through a link), a trained model in it replaced only when asked to and
+    only by a run that trains (`trains`), and the temp files of a killed run's writes removed.
+    UserError if not."""
+    resumed = "the run to continue is there: make it writable, or copy it to a place that is and point " \
+        "--out_dir there"
+    writable_dir(out_dir, 'out_dir', None if init_from == 'scratch' else resumed)
     lock_dir(out_dir, 'out_dir')
     ckpt_path = os.path.join(out_dir, CKPT_NAME)
+    for path in (ckpt_path, os.path.join(out_dir, 'log.jsonl')):
+        if not_own_file(path):
+            raise UserError(not_own_file(path))
     if init_from == 'scratch' and os.path.exists(ckpt_path) and not overwrite:
         raise UserError(f"{ckpt_path} holds a trained model: continue it with --init_from=resume, train into "
                         "another --out_dir, or replace it with --overwrite")
@@ -73,65 +120,106 @@ def claim_out_dir(out_dir, init_from, overwrite, trains):
             os.remove(tmp)
 
 
+# How a resume treats a train.py option whose value is not its checkpoint's (docs/errors.md's
+# table). The model's options (relatives.RelativesConfig's fields) are refused as the model builds
+# them, all but dropout: a regularizer of the training, it leaves the model's function and weights
+# as they are.
+RESUME_OPTIONS = {
+    # refused: they made the checkpoint: its optimizer's state; the seed of its init, of its data
+    # order (every rank's stream, which the resume continues) and of its evaluation batches
+    'refused': ('seed', 'optimizer'),
+    # applied to the loaded optimizer (load_optimizers), and said
+    'optimizer': ('learning_rate', 'min_lr', 'router_lr', 'router_lr_scaling', 'attnres_query_lr',
+                  'muon_lr', 'muon_momentum', 'weight_decay', 'beta1', 'beta2', 'grad_clip',
+                  'decay_lr', 'warmup_iters', 'lr_decay_iters'),
+    # applied from the next iteration on (the data, the batch, the precision, the evaluation), and
+    # said
+    'applied': ('dropout', 'total_batch_size', 'batch_size', 'dataset', 'data_dir', 'dtype',
+                'eval_iters'),
+    # free, not said: how far the run goes, where and how this process runs it, what it prints and
+    # writes
+    'free': ('max_iters', 'eval_interval', 'log_interval', 'always_save_checkpoint', 'eval_only',
+             'check_only', 'out_dir', 'init_from', 'overwrite', 'device', 'compile', 'fsdp',
+             'peak_flops', 'wandb_log', 'wandb_project', 'wandb_run_name', 'debug'),
+}
+
+
 def check_resume(ckpt, path, model_args, config, meta, ddir):
-    """UserError unless a run of `config` (its model: `model_args`, its dataset: `meta` in `ddir`) can continue
-    checkpoint `ckpt` (at `path`): the same model (dropout and the router init may change), optimizer and
-    vocabulary (the ids' meaning, not only their number)."""
-    theirs = ckpt['model_args']
+    """UserError unless a run of `config` (its model: `model_args`, its dataset: `meta` in `ddir`)
+    can continue checkpoint `ckpt` (at `path`): the same model, RESUME_OPTIONS' refused options and
+    vocabulary (the ids' meaning, not only their number). Returns what it changes: {option: (the
+    checkpoint's value, or None if it lacks it; this run's)} of the other options said; {} for no
+    checkpoint."""
+    if ckpt is None:
+        return {}
+    theirs, given = ckpt['model_args'], ckpt['config']
     diff = [k for k in sorted(set(model_args) | set(theirs))
-            if k not in ('dropout', 'router_init') and model_args.get(k) != theirs.get(k)]
+            if k != 'dropout' and model_args.get(k) != theirs.get(k)]
+    diff += [k for k in RESUME_OPTIONS['refused'] if k in given and given[k] != config[k]]
     if diff:
-        what = ', '.join(f"{k}: {theirs.get(k)!r} in the checkpoint, {model_args.get(k)!r} now" for k in diff)
-        raise UserError(f"cannot resume from {path}: the model differs ({what}); "
-                        "use the checkpoint's settings or another out_dir")
+        was, now = {**given, **theirs}, {**config, **model_args}  # a model's option as it builds
+        what = ', '.join(f"{k}: {was.get(k)!r} in the checkpoint, {now.get(k)!r} now" for k in diff)
+        options = ' '.join(_option(k, was[k]) for k in diff if k in config)
+        fix = ("resume on the checkpoint's dataset" if 'vocab_size' in diff else
+               f"resume with {options}" if options else
+               "resume it with the version of nanoLIMe that wrote it")  # a model option of no option
+        which = 'model' if set(diff) & set(theirs) else 'run'
+        raise UserError(f"cannot resume from {path}: the {which} differs ({what}; a resume continues "
+                        f"the run the checkpoint holds); {fix}, or train into another out_dir")
     states = ckpt.get('optimizer')
     for number, state in enumerate(states if isinstance(states, list) else [states] if states else [], 1):
         bad = sorted({name for per_param in (state.get('state') or {}).values() for name, v in per_param.items()
                       if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()})
         if bad:  # its first step would make the weights NaN, and the run stop at a NaN loss that says otherwise
             raise UserError(f"{path} holds non-finite optimizer state (NaN or inf) in {', '.join(bad)} of optimizer "
-                            f"{number}; restore it from a copy, or train again (train.py --overwrite replaces it)")
-    if ckpt['config'].get('optimizer', 'adamw') != config['optimizer']:
-        raise UserError(f"cannot resume from {path}: it was trained with optimizer="
-                        f"{ckpt['config'].get('optimizer', 'adamw')!r}, this run asks for {config['optimizer']!r}; "
-                        "use the checkpoint's optimizer or another out_dir")
+                            f"{number}; {DAMAGED}")
     vocab = [{k: m.get(k) for k in ('kind', 'encoding', 'stoi')} for m in (ckpt.get('meta') or meta, meta)]
     if vocab[0] != vocab[1]:
-        raise UserError(f"cannot resume from {path}: it was trained on dataset {ckpt['config'].get('dataset')!r}, "
+        raise UserError(f"cannot resume from {path}: it was trained on dataset {given.get('dataset')!r}, "
                         f"whose vocabulary differs from that of {os.path.join(ddir, 'meta.pkl')} (same size, other "
                         "tokens); resume on the checkpoint's dataset and data_dir, or train into another out_dir")
+    said = (*RESUME_OPTIONS['optimizer'], *RESUME_OPTIONS['applied'], *RESUME_OPTIONS['refused'])
+    return {k: (given.get(k), config[k]) for k in said if k not in given or given[k] != config[k]}
 
 
-# train.py's options of the optimizer and its schedule: a resume may change them (load_optimizers applies them)
-OPTIMIZER_OPTIONS = ('learning_rate', 'min_lr', 'router_lr', 'router_lr_scaling', 'attnres_query_lr', 'muon_lr',
-                     'muon_momentum', 'weight_decay', 'beta1', 'beta2', 'grad_clip', 'decay_lr', 'warmup_iters',
-                     'lr_decay_iters')
+def _option(key, value):
+    """--key=value as configure reads it back."""
+    return f"--{key}={value if isinstance(value, str) and value else repr(value)}"
 
 
-def load_optimizers(optimizers, scaler, ckpt, path, config, adapt=None):
-    """The optimizer states of checkpoint `ckpt` (at `path`) into `optimizers`, made for this run's `config`, and the
-    GradScaler's into `scaler` (float16) if it has one: each
-    group keeps this run's settings (peak lr, weight decay, betas, eps; load_state_dict would bring back the
-    checkpoint's), so that what the run logs and saves is what its optimizer does. Returns the line that names the
-    OPTIMIZER_OPTIONS that differ from the checkpoint's, or None; UserError if the groups differ (another one).
-    `adapt(optimizer, state)`: the state that optimizer loads (FSDP's shards of it), if not the checkpoint's own."""
+def changes_said(changes, path, iter_num):
+    """The line that says check_resume's `changes`, which hold from iteration `iter_num` on."""
+    said = ', '.join(f"{k} {'(not recorded)' if old is None else repr(old)} -> {new!r}"
+                     for k, (old, new) in changes.items())
+    return f"resuming with other settings than {path}'s, applied from iter {iter_num} on: {said}"
+
+
+def load_optimizers(optimizers, scaler, ckpt, path, changes, adapt=None):
+    """The optimizer states of checkpoint `ckpt` (at `path`) into `optimizers`, made for this run's
+    config, and the GradScaler's into `scaler` (float16) if it has one: each group keeps this run's
+    settings (peak lr, weight decay, betas, eps; load_state_dict would bring back the checkpoint's),
+    so that what the run logs and saves is what its optimizer does. UserError if the groups differ
+    (another one: `changes`, check_resume's, name the options that can make one), or if the state is
+    not an optimizer's. `adapt(optimizer, state)`: the state that optimizer loads (FSDP's shards of
+    it), if not the checkpoint's own."""
     states = ckpt.get('optimizer')
     for opt, state in zip(optimizers, states if isinstance(states, list) else [states] if states else []):
         ours = [{k: v for k, v in group.items() if k != 'params'} for group in opt.param_groups]
         try:
             opt.load_state_dict(adapt(opt, state) if adapt else state)
         except ValueError as e:  # a group more or less: attnres_query_lr set or unset, say
-            raise UserError(f"cannot resume from {path}: its optimizer's parameter groups differ from this run's "
-                            f"({e}); use the checkpoint's settings or another out_dir") from None
+            fix = ' '.join(_option(k, old) for k, (old, _) in changes.items()
+                           if k in RESUME_OPTIONS['optimizer'] and old is not None)
+            fix = fix or 'the options it was trained with'
+            raise UserError(f"cannot resume from {path}: its optimizer's parameter groups differ from "
+                            f"this run's ({e}); resume with {fix}, or train into another out_dir") from None
+        except (KeyError, TypeError, IndexError, AttributeError, RuntimeError):
+            raise UserError(f"{path} is damaged: its optimizer state is not that of an optimizer; "
+                            f"{DAMAGED}") from None
         for group, settings in zip(opt.param_groups, ours):
             group.update(settings)
     if ckpt.get('scaler') and scaler.is_enabled():
         scaler.load_state_dict(ckpt['scaler'])
-    theirs = ckpt['config']
-    changed = [f"{k} {theirs[k]!r} -> {config[k]!r}" for k in OPTIMIZER_OPTIONS
-               if k in theirs and theirs[k] != config[k]]
-    return (f"resuming with other optimizer settings than {path}'s, applied from iter {ckpt['iter_num'] + 1} on: "
-            f"{', '.join(changed)}") if changed else None
 
 
 def on_rank_0(work, *args, error_prefix=''):
@@ -170,13 +258,16 @@ def check_same_weights(model):
 
 
 def atomic_write(path, write, then="run again"):
-    """write(f) into a temp file in the same directory (its name unique to this process), fsync, then os.replace:
-    a crash, a kill or a full disk at any point leaves either the old or the new file at `path`, never a partial
-    one. UserError if it cannot be written (the old file is then untouched, the temp file removed), which says to
-    free some space or fix the permissions, then to do `then`."""
+    """write(f) into a temp file in the same directory (its name unique to this process), fsync,
+    then os.replace: a crash, a kill or a full disk at any point leaves either the old or the new
+    file at `path`, never a partial one; a link at either name is replaced, never written through.
+    UserError if it cannot be written (the old file is then untouched, the temp file removed), which
+    says what to do about it, then to do `then`."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(tmp, 'wb') as f:
+        if os.path.lexists(tmp):  # a killed process's of the same pid
+            os.remove(tmp)
+        with open(tmp, 'xb', opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW, 0o666)) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -191,8 +282,7 @@ def atomic_write(path, write, then="run again"):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
             raise
-        raise UserError(f"cannot write {path}: {(cause.strerror or str(cause)).lower()}; the file there, if any, is "
-                        f"unchanged: free some space (or fix the permissions), then {then}") from None
+        raise UserError(_cannot_write(path, cause, then)) from None
     try:  # make the rename itself durable
         fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
         try:
@@ -201,6 +291,19 @@ def atomic_write(path, write, then="run again"):
             os.close(fd)
     except OSError:
         pass
+
+
+def _cannot_write(path, e, then):
+    """The error of a write of `path` that failed with OSError `e`: what to do about its cause, then
+    `then`."""
+    where = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(where):
+        return (f"cannot write {path}: its directory {where} is gone (deleted or moved while this "
+                f"ran); nothing was written: put it back, then {then}")
+    fix = "make it writable" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else \
+        "free some space (or fix the permissions)"
+    return (f"cannot write {path}: {(e.strerror or str(e)).lower()}; the file there, if any, is "
+            f"unchanged: {fix}, then {then}")
 
 
 def atomic_save(obj, path, then="run again"):
@@ -225,35 +328,59 @@ def git_commit():
 
 def trained_with(ckpt):
     """'iter N, torch X, commit Y' of a checkpoint (older checkpoints did not record the last two)."""
-    return (f"iter {ckpt['iter_num']}, torch {ckpt.get('torch_version') or 'not recorded'}, "
-            f"commit {ckpt.get('git_commit') or 'not recorded'}")
+    torch_version, commit = (printable(ckpt.get(k) or 'not recorded') for k in ('torch_version', 'git_commit'))
+    return f"iter {ckpt['iter_num']}, torch {torch_version}, commit {commit}"
 
 
-def load_checkpoint(path, what="checkpoint"):
-    """One of our checkpoints, loaded on the CPU (weights only, memory-mapped), with the prefixes that
-    torch.compile ('_orig_mod.') and DDP ('module.') add stripped from the state dict; UserError if it
-    is missing, not ours or damaged."""
+# the fields of a checkpoint and their types (as torch.load gives them back); REQUIRED ones must be
+# there
+FIELDS = {'model': dict, 'model_args': dict, 'iter_num': int, 'config': dict, 'optimizer': (list, dict),
+          'scaler': dict, 'meta': dict, 'best_val_loss': (float, int), 'rng': list, 'tokens': int,
+          'flops': (int, float), 'world_size': int, 'log': list, 'imported_from': str,
+          'data_id': str, 'git_commit': str, 'torch_version': str}
+REQUIRED = ('model', 'model_args', 'iter_num', 'config')
+ITEMS = {'model': torch.Tensor, 'rng': dict, 'log': str}  # the type of the items of these
+
+
+def load_checkpoint(path, what="checkpoint", verify=True):
+    """One of our checkpoints, loaded on the CPU (weights only, memory-mapped), with the prefixes
+    that torch.compile ('_orig_mod.') and DDP ('module.') add stripped from the state dict;
+    UserError if it is missing, not ours or damaged: cut, of other types than FIELDS', or (`verify`:
+    every byte is read) with bytes that are not those written (the zip's checksums, which torch.load
+    does not check)."""
     if not os.path.exists(path):
         raise UserError(f"no {what} at {path}")
     if os.path.isdir(path):
         raise UserError(f"{path} is a directory, not a checkpoint file")
-    # train.py writes checkpoints atomically: a damaged one was cut or changed by something else
-    damaged = "restore it from a copy, or train again (train.py --overwrite replaces it)"
+    if not os.path.isfile(path):  # a named pipe would block the read until something writes into it
+        raise UserError(f"{path} is a named pipe or a device, not a checkpoint file; point at the "
+                        "checkpoint itself")
     try:
+        with zipfile.ZipFile(path) as z:
+            changed = z.testzip() if verify else None
         ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
     except Exception:  # torch's messages here are about its internals (--debug shows them)
-        raise UserError(f"{path} is truncated or not a checkpoint; {damaged}") from None
+        raise UserError(f"{path} is truncated or not a checkpoint; {DAMAGED}") from None
+    if changed is not None:
+        raise UserError(f"{path} is damaged: the bytes of {changed} are not those written (their "
+                        f"checksum differs); {DAMAGED}")
     if not isinstance(ckpt, dict) or CKPT_MARKER not in ckpt:
         raise UserError(f"{path} is not a nanoLIMe checkpoint (no '{CKPT_MARKER}' marker; it was written by "
                         "another program); point --out_dir at a directory train.py wrote")
-    missing = [k for k in ('model', 'model_args', 'iter_num', 'config') if k not in ckpt]
+    missing = [k for k in REQUIRED if k not in ckpt]
     if missing:
-        raise UserError(f"{path} is damaged: missing {', '.join(missing)}; {damaged}")
+        raise UserError(f"{path} is damaged: missing {', '.join(missing)}; {DAMAGED}")
+    wrong = [k for k, kind in FIELDS.items() if (k in REQUIRED or ckpt.get(k) is not None) and (
+        not isinstance(ckpt[k], kind) or isinstance(ckpt[k], bool) or k in ITEMS and not all(
+            isinstance(v, ITEMS[k]) for v in (ckpt[k].values() if k == 'model' else ckpt[k])))]
+    if wrong:
+        raise UserError(f"{path} is damaged: its {wrong[0]} is not what train.py writes there; "
+                        f"{DAMAGED}")
     ckpt['model'] = {_strip_prefixes(k): v for k, v in ckpt['model'].items()}
     bad = [k for k, v in ckpt['model'].items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if bad:  # train.py stops at a non-finite loss before it saves: these came from somewhere else
         raise UserError(f"{path} holds non-finite weights (NaN or inf) in {bad[0]}"
-                        f"{f' and {len(bad) - 1} more tensors' if len(bad) > 1 else ''}; {damaged}")
+                        f"{f' and {len(bad) - 1} more tensors' if len(bad) > 1 else ''}; {DAMAGED}")
     from relatives import RelativesConfig  # older checkpoints lack the newer model options: those are off
     args = ckpt['model_args']
     if args.pop('value_residual', False):
@@ -263,6 +390,15 @@ def load_checkpoint(path, what="checkpoint"):
         args['mhc'] = 'static' if args['mhc'] else ''
     ckpt['model_args'] = {**{f.name: f.default for f in dataclasses.fields(RelativesConfig)}, **args}
     return ckpt
+
+
+def checkpoint_id(path):
+    """A short identity of the checkpoint file at `path`, from the checksums its zip records of its
+    parts (its bytes are not read): copies are the same checkpoint, any other save is another."""
+    import hashlib
+    with zipfile.ZipFile(path) as z:
+        crcs = ' '.join(f"{i.filename}:{i.CRC}" for i in z.infolist())
+    return hashlib.sha256(crcs.encode()).hexdigest()[:12]
 
 
 def collect_states(model, data_rng, device):
@@ -302,11 +438,15 @@ def resumed_rng(ckpt, seed, rank, world_size, device, announce=True):
             print(f"note: the checkpoint was written by {len(states)} ranks, this run has {world_size}: the data "
                   "order is not resumed exactly")
         return np.random.default_rng([seed, rank, int(ckpt['iter_num'])])
-    data_rng = np.random.default_rng()
-    data_rng.bit_generator.state = states[rank]['data']
-    torch.set_rng_state(states[rank]['torch'])
-    if device.startswith('cuda') and states[rank].get('cuda') is not None:
-        torch.cuda.set_rng_state(states[rank]['cuda'], device)
+    try:
+        data_rng = np.random.default_rng()
+        data_rng.bit_generator.state = states[rank]['data']
+        torch.set_rng_state(states[rank]['torch'])
+        if device.startswith('cuda') and states[rank].get('cuda') is not None:
+            torch.cuda.set_rng_state(states[rank]['cuda'], device)
+    except (KeyError, TypeError, ValueError, RuntimeError):
+        raise UserError(f"the checkpoint is damaged: rank {rank}'s random number state is not one; "
+                        f"{DAMAGED}") from None
     return data_rng
 
 
@@ -317,15 +457,19 @@ class RunLog:
     Each checkpoint holds a copy (`lines`): after a kill between the two writes, the run that resumes it writes the
     records the file lacks."""
 
-    def __init__(self, out_dir, resumed=None):
-        """`resumed`: the checkpoint this run continues, or None."""
+    def __init__(self, out_dir, resumed=None, changes=None):
+        """`resumed`: the checkpoint this run continues, or None; `changes`: what it changes of that
+        run (check_resume's), logged as {'iter': from when they hold, 'changed': {option: [before,
+        now]}}."""
         self.path, self.lines, self.changed = os.path.join(out_dir, 'log.jsonl'), [], False
-        if resumed is not None and os.path.exists(self.path):
-            with open(self.path) as f:
-                self.lines = [line for line in f if _logged_iter(line) <= resumed['iter_num']]
-        copy = resumed.get('log') if resumed is not None else None  # older checkpoints have none
-        if copy is not None and copy != self.lines:  # killed between the checkpoint's write and the log's
-            self.lines, self.changed = copy, True
+        if resumed is not None:
+            upto = resumed['iter_num']
+            self.lines = [line for line in _log_lines(self.path) if _logged_iter(line) <= upto]
+            copy = _copied_lines(resumed)
+            if copy is not None and copy != self.lines:  # killed between the checkpoint's and log's writes
+                self.lines, self.changed = copy, True
+            if changes:
+                self.add({'iter': upto + 1, 'changed': changes})
 
     def add(self, record):
         self.lines.append(json.dumps(record) + '\n')
@@ -338,28 +482,73 @@ class RunLog:
         self.changed = False
 
 
+def _copied_lines(ckpt):
+    """The log lines checkpoint `ckpt` holds a copy of, as train.py writes them: its iterations'
+    records, one JSON object a line (a crafted copy is not written back as it is); None if it holds
+    none (older checkpoints)."""
+    copy = ckpt.get('log')
+    return None if copy is None else [json.dumps(json.loads(line)) + '\n' for line in copy
+                                      if _logged_iter(line) <= ckpt['iter_num']]
+
+
+def restore_log(out_dir):
+    """out_dir's log.jsonl made whole again from the copy its checkpoint holds, for a run that
+    nothing resumes (sweep.py's finished runs): the copy's records, then the file's past the
+    checkpoint (a run that does not save at its end logs its last evaluation after its last
+    checkpoint). True if the file was written (a line, or the file, lost or damaged), False if it
+    was whole or the checkpoint holds no copy. UserError as load_checkpoint's, if log.jsonl is no
+    plain file, or if it cannot be written."""
+    path = os.path.join(out_dir, 'log.jsonl')
+    if not_own_file(path):
+        raise UserError(not_own_file(path))
+    ckpt, lines = load_checkpoint(os.path.join(out_dir, CKPT_NAME), verify=False), _log_lines(path)
+    copy = _copied_lines(ckpt)
+    if copy is None:
+        return False
+    whole = copy + [line for line in lines if ckpt['iter_num'] < _logged_iter(line) < math.inf]
+    if whole == lines:
+        return False
+    atomic_write(path, lambda f: f.write(''.join(whole).encode()))
+    return True
+
+
+def _log_lines(path):
+    """The lines of a log.jsonl (each with its newline, a last one cut short without), bytes that
+    are no UTF-8 replaced; [] if there is no such file (nor for a named pipe: reading it would wait
+    for a writer)."""
+    if not os.path.isfile(path):
+        return []
+    with open(path, 'rb') as f:
+        return f.read().decode(errors='replace').splitlines(keepends=True)
+
+
 def _logged_iter(line):
     """The iteration of a log line; inf for a line cut short by a crash, or anything else that is not a record."""
     try:
-        return int(json.loads(line)['iter']) if line.endswith('\n') else math.inf
-    except (ValueError, TypeError, KeyError):
+        record = json.loads(line) if line.endswith('\n') else None
+    except ValueError:
         return math.inf
+    iter_num = record.get('iter') if isinstance(record, dict) else None
+    return iter_num if type(iter_num) is int else math.inf
 
 
 def read_log(out_dir):
-    """The records of out_dir/log.jsonl that train.py writes, one dict per logged iteration (a line a crash
-    cut short is skipped); [] if there is none."""
+    """The records of out_dir/log.jsonl that train.py writes, one dict per logged iteration (a last
+    line that is no JSON, cut short by a crash, is skipped); [] if there is none. UserError naming
+    a line that is no record."""
     records, path = [], os.path.join(out_dir, 'log.jsonl')
-    if os.path.isfile(path):
-        with open(path) as f:
-            for number, line in enumerate(f, 1):
-                try:
-                    records.append(json.loads(line))
-                except ValueError:
-                    continue
-                if not isinstance(records[-1], dict) or not isinstance(records[-1].get('iter'), int):
-                    raise UserError(f"{path}, line {number}: not a record of train.py ({line.strip()[:60]!r}; each line "
-                                    "is a JSON object with its 'iter'): delete that line, or restore the file")
+    lines = _log_lines(path)
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            if number == len(lines) or not line.strip():
+                continue
+            records.append(None)
+        if not isinstance(records[-1], dict) or type(records[-1].get('iter')) is not int:
+            raise UserError(f"{path}, line {number}: not a record of train.py ({line.strip()[:60]!r}; "
+                            "each line is a JSON object with its 'iter'): delete that line, or restore the "
+                            "file")
     return records
 
 
@@ -410,14 +599,3 @@ def load_model(path, device='cpu'):
     load_weights(model, ckpt, path)
     return model.eval().to(device), ckpt
 
-
-def run_summary(path):
-    """{'non_embedding_params': model.get_num_params(non_embedding=True), 'learning_rate': the peak lr it trained
-    with} of the run an out_dir's checkpoint holds; the model is built from its options on the meta device.
-    UserError as load_checkpoint's."""
-    from relatives import RelativesConfig, build_model
-    ckpt = load_checkpoint(os.path.join(path, CKPT_NAME) if os.path.isdir(path) else path)
-    with torch.device('meta'):
-        model = build_model(RelativesConfig(**ckpt['model_args']))
-    return {'non_embedding_params': model.get_num_params(non_embedding=True),
-            'learning_rate': ckpt['config'].get('learning_rate')}

@@ -16,7 +16,7 @@ import re
 import signal
 import textwrap
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 
 def _interrupted_while_loading(etype, e, tb, hook=sys.excepthook):
@@ -43,6 +43,13 @@ _debug = False  # configure() sets it (--debug or NANOLIME_DEBUG=1): excepthook 
 
 class UserError(Exception):
     """Bad input (config, data, checkpoint): reported as one line 'error: <msg>', exit status 1."""
+
+
+def printable(text):
+    """`text` with its control characters escaped (a terminal's escape sequences, a newline): text
+    from a file (a checkpoint's, a log's) printed as it is could move the cursor, recolour or clear
+    the terminal."""
+    return ''.join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -236,7 +243,10 @@ def usage(namespace, defaults, positional=None, passes_on=False):
 def excepthook(etype, e, tb):
     """Any uncaught exception: one line 'error: ...' on stderr, exit status 1 (130 for Ctrl-C); with
     --debug or NANOLIME_DEBUG=1 the traceback. Under torchrun, ranks other than 0 prefix '[rank N]'."""
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()
+    except OSError:  # a closed pipe: said below
+        pass
     if _debug:
         sys.__excepthook__(etype, e, tb)
         return
@@ -248,7 +258,11 @@ def excepthook(etype, e, tb):
         msg = "interrupted; nothing more was saved (the last checkpoint, if any, is intact)"
     elif issubclass(etype, UserError):
         msg = str(e)
-    elif issubclass(etype, (torch.OutOfMemoryError, MemoryError)) or 'DefaultCPUAllocator' in first:  # GPU; CPU
+    elif issubclass(etype, BrokenPipeError):  # `train.py | head -1`: the reader has gone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing flushed into it
+        msg = "stdout was closed by its reader (a pipe into head, say): stopped here; what was saved " \
+            "is intact"
+    elif _out_of_memory(e):
         advice = OUT_OF_MEMORY_ADVICE
         msg = f"out of memory: {advice.get(os.path.basename(sys.argv[0]), advice['train.py'])}"
     elif ddp and (issubclass(etype, torch.distributed.DistError) or re.search('gloo|nccl', first, re.I)):
@@ -257,12 +271,34 @@ def excepthook(etype, e, tb):
                "rank, then continue with --init_from=resume")
     else:
         msg = f"{etype.__name__}: {first} (rerun with --debug for the traceback)"
-    print(f"error: {f'[rank {rank}] ' if rank else ''}{msg}", file=sys.stderr, flush=True)
+    try:
+        print(f"error: {f'[rank {rank}] ' if rank else ''}{printable(msg)}", file=sys.stderr,
+              flush=True)
+    except OSError:  # stderr closed too
+        pass
     status = 130 if issubclass(etype, KeyboardInterrupt) else 1
     if ddp:
         # no teardown (nothing is left to save): once a peer is gone, gloo's threads can abort it (SIGABRT, 134)
         os._exit(status)
     sys.exit(status)
+
+
+def _out_of_memory(e):
+    """Whether exception `e` says that memory ran out: on a GPU, or on the CPU (torch's allocator,
+    or Python's)."""
+    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or 'DefaultCPUAllocator' in str(e)
+
+
+@contextmanager
+def out_of_memory(doing):
+    """Running out of memory within is a UserError that says what it was `doing` and what to do (in
+    place of OUT_OF_MEMORY_ADVICE's, which is for the run's steps)."""
+    try:
+        yield
+    except Exception as e:
+        if not _out_of_memory(e):
+            raise
+        raise UserError(f"out of memory {doing}") from None
 
 
 def catch_stop_signals(announce=True):
@@ -329,16 +365,41 @@ def ddp_env(env=None):
     return rank, local_rank, world_size
 
 
-def start_ddp(device, rank, world_size):
-    """torch.distributed's process group of this rank on `device` (a resolved one: NCCL on CUDA, gloo on the CPU),
-    said first: it waits until all world_size ranks have joined (a rank that was never started is waited for until
-    torch's timeout, 10-30 minutes)."""
+def start_ddp(device, rank, world_size, run):
+    """torch.distributed's process group of this rank on `device` (a resolved one: NCCL on CUDA,
+    gloo on the CPU), said first: it waits until all world_size ranks have joined (a rank that was
+    never started is waited for until torch's timeout, 10-30 minutes). Then, before any other
+    collective, the ranks compare `run` (a dict of what defines the run: they must run the same one,
+    or they would wait in collectives that do not match, or train apart): UserError on every rank
+    naming the first key whose value differs, and each rank's."""
     if device == 'mps':
         raise UserError("DDP (torchrun) is not supported on MPS; use --device=cpu")
-    print(f"ddp: rank {rank} waits for all {world_size} ranks (WORLD_SIZE) to join at {os.environ['MASTER_ADDR']}:"
-          f"{os.environ['MASTER_PORT']} (MASTER_ADDR:MASTER_PORT); torchrun starts them together", flush=True)
-    torch.distributed.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    print(f"ddp: rank {rank} waits for all {world_size} ranks (WORLD_SIZE) to join at {where} "
+          "(MASTER_ADDR:MASTER_PORT); torchrun starts them together", flush=True)
+    try:
+        torch.distributed.init_process_group('nccl' if device.startswith('cuda') else 'gloo')
+    except torch.distributed.DistNetworkError as e:  # rank 0 listens at MASTER_PORT
+        reason = "the port is in use by another program" if 'EADDRINUSE' in str(e) else \
+            (str(e).strip().splitlines() or [''])[0][:200]
+        raise UserError(f"the ranks cannot meet at MASTER_ADDR:MASTER_PORT={where} ({reason}); "
+                        "choose another MASTER_PORT (torchrun --master_port=N), or end what holds it") \
+            from None
     sys.excepthook = excepthook  # init_process_group wraps it, and the wrapper loses our one-line errors
+    runs = [None] * world_size
+    torch.distributed.all_gather_object(runs, run)
+    keys = list(dict.fromkeys(k for r in runs for k in r))  # rank 0's in order, then others' own
+    differ = [k for k in keys if len({repr(r.get(k, 'not set')) for r in runs}) > 1]
+    if differ:
+        ranks = {}
+        for r, values in enumerate(runs):
+            ranks.setdefault(repr(values.get(differ[0], 'not set')), []).append(str(r))
+        said = '; '.join(f"{value} on rank{'s' if len(rs) > 1 else ''} {', '.join(rs)}"
+                         for value, rs in ranks.items())
+        more = f" ({', '.join(differ[1:])} too)" if differ[1:] else ''
+        raise UserError(f"the ranks were started for different runs: {differ[0]} is {said}{more}; "
+                        "start every rank with the same options, data and checkpoint (torchrun passes "
+                        "its command line to each)")
 
 
 def wrap_ddp(model, device):

@@ -220,6 +220,9 @@ def load_codec(ckpt):
     meta = ckpt.get('meta')
     if meta is None:
         dataset, data_dir = ckpt['config'].get('dataset', ''), ckpt['config'].get('data_dir', '')
+        if not dataset:
+            raise UserError("the checkpoint holds no vocabulary and names no dataset: its tokens cannot be read as "
+                            "text; use a checkpoint that train.py wrote (it keeps its vocabulary)")
         ddir = dataset_dir(dataset, data_dir)
         if not os.path.isfile(os.path.join(ddir, 'meta.pkl')):
             raise UserError(f"the checkpoint has no vocabulary and {os.path.join(ddir, 'meta.pkl')} is missing; "

@@ -186,6 +186,16 @@ def test_bad_arguments_are_user_errors_before_any_work(arg, words, monkeypatch, 
     assert capsys.readouterr().out == ''  # nothing ran
 
 
+def test_an_existing_json_is_replaced_saying_so(tmp_path, monkeypatch, capsys):
+    out = tmp_path / 'b.json'
+    out.write_text('an earlier benchmark')
+    monkeypatch.setattr(sys, 'argv', ['bench.py', *TINY, '--variants=baseline', '--settings=mha-eager', f'--json={out}'])
+    monkeypatch.setattr(sys, 'excepthook', sys.excepthook)
+    runpy.run_path(os.path.join(ROOT, 'bench.py'), run_name='__main__')
+    assert capsys.readouterr().out.startswith(f"note: json={out} exists: this benchmark's records replace it\n")
+    assert [r['variant'] for r in json.loads(out.read_text())['records']] == ['baseline']
+
+
 @pytest.mark.slow
 def test_a_bad_argument_prints_one_error_line():
     p = run(*TINY, '--settings=mha-eagr')

@@ -2,6 +2,7 @@
 line when it is foreign, damaged, non-finite or of another model; older model options loaded as what they were; a
 GPU's on a CPU); one run per out_dir (its lock) and a trained model replaced only when asked; writes that are atomic
 (a killed save, a full disk, two writers) and leave the previous checkpoint and log whole."""
+import errno
 import glob
 import importlib.util
 import json
@@ -308,9 +309,9 @@ def test_a_full_disk_is_the_documented_error_and_leaves_no_temp_file(run_copy, d
         save_into_a_full_disk(torch.save)({'x': torch.zeros(100_000)}, open(os.devnull, 'wb'))
     (tmp_path / 'disk').mkdir()
     path = str(tmp_path / 'disk' / 'ckpt.pt')
-    os.symlink('/dev/full', f'{path}.{os.getpid()}.tmp')  # the temp file atomic_save writes: on a full disk
-    with pytest.raises(UserError) as e:
-        checkpoint.atomic_save({'x': torch.zeros(100_000)}, path, then='retry')  # larger than the file's buffer
+    with pytest.raises(UserError) as e:  # larger than the file's buffer
+        checkpoint.atomic_write(path, lambda f: save_into_a_full_disk(torch.save)({'x': torch.zeros(100_000)}, f),
+                                then='retry')
     assert str(e.value) == (f"cannot write {path}: no space left on device; the file there, if any, is unchanged: "
                             "free some space (or fix the permissions), then retry")
     assert os.listdir(tmp_path / 'disk') == []
@@ -367,3 +368,204 @@ def test_a_checkpoint_missing_a_tensor_is_named_damaged(run_copy, data_dir, run_
         train(data_dir, run_copy, '--init_from=resume', '--max_iters=6', '--eval_interval=2')
     assert str(e.value).startswith(want) and '\n' not in str(e.value)
     assert error_of(run_here, 'sample.py', f'--out_dir={run_copy}', '--max_new_tokens=2').startswith(want)
+
+
+# ----------------------------------------------------------------------------- nothing outside out_dir is written
+@pytest.mark.parametrize('name, target', [('.lock', 'precious'), ('.lock', 'nowhere'), ('log.jsonl', 'precious'),
+                                          ('ckpt.pt', 'copy')])
+def test_a_run_file_that_is_a_link_is_refused_and_nothing_outside_out_dir_is_written(name, target, run_copy,
+                                                                                      data_dir, tmp_path):
+    """out_dir/.lock, log.jsonl or ckpt.pt a symbolic link to a file elsewhere (or to none: it would be created):
+    refused in one line before anything is written; the file it points to is as it was (or still absent)."""
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    (elsewhere / 'precious').write_text('precious data')
+    shutil.copy(os.path.join(run_copy, 'ckpt.pt'), elsewhere / 'copy')  # a checkpoint that would load
+    path = os.path.join(run_copy, name)
+    if os.path.exists(path):
+        os.remove(path)
+    os.symlink(elsewhere / target, path)
+    with pytest.raises(UserError) as e:
+        train(data_dir, run_copy, '--init_from=resume', '--eval_only=True')
+    assert str(e.value) == (f"{path} is a symbolic link (to {elsewhere / target}), where a plain file belongs: "
+                            f"nothing was read or written through it; move it out of {run_copy}, or use another "
+                            "directory")
+    assert (elsewhere / 'precious').read_text() == 'precious data' and sorted(os.listdir(elsewhere)) == [
+        'copy', 'precious']
+
+
+@pytest.mark.parametrize('name, kind', [('.lock', 'named pipe'), ('log.jsonl', 'named pipe'),
+                                        ('ckpt.pt', 'directory')])
+def test_a_run_file_that_is_a_pipe_or_a_directory_is_refused_at_once(name, kind, run_copy, data_dir):
+    """Not a plain file where train.py writes one: refused in one line, at once (a named pipe is not opened to wait
+    for a writer); a directory named ckpt.pt is not said to hold a trained model."""
+    path = os.path.join(run_copy, name)
+    os.remove(path) if os.path.exists(path) else None
+    os.mkfifo(path) if kind == 'named pipe' else os.mkdir(path)
+    with pytest.raises(UserError) as e:
+        train(data_dir, run_copy, '--max_iters=2', '--overwrite' if name == 'ckpt.pt' else '--init_from=resume')
+    assert str(e.value) == (f"{path} is a {kind}, where a plain file belongs: nothing was read or written through "
+                            f"it; move it out of {run_copy}, or use another directory")
+
+
+def test_a_checkpoint_that_is_a_named_pipe_is_refused_without_waiting(tmp_path, data_dir, run_here):
+    os.mkfifo(tmp_path / 'ckpt.pt')
+    for args in (['sample.py'], ['train.py', *TINY_RUN, f'--data_dir={data_dir}', '--init_from=resume']):
+        with pytest.raises(UserError) as e:
+            run_here(*args, f'--out_dir={tmp_path}', '--device=cpu')
+        assert str(e.value) == (f"{tmp_path}/ckpt.pt is a named pipe or a device, not a checkpoint file; point at "
+                                "the checkpoint itself")
+
+
+def test_a_lock_that_cannot_be_written_leaves_no_empty_lock(tmp_path, monkeypatch, held):
+    """A full disk when the run starts: the pid cannot be written into a new .lock; one line that says so, and
+    no empty .lock is left behind for the next run to find."""
+    write = os.write
+
+    def full(fd, data):
+        if os.readlink(f'/proc/self/fd/{fd}').endswith('.lock'):
+            raise OSError(errno.ENOSPC, 'No space left on device')
+        return write(fd, data)
+    monkeypatch.setattr(os, 'write', full)
+    with pytest.raises(UserError) as e:
+        held(str(tmp_path), 'out_dir')
+    assert str(e.value) == (f"cannot write {tmp_path}/.lock: no space left on device; the file there, if any, is "
+                            "unchanged: free some space (or fix the permissions), then run again")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_write_never_goes_through_a_link(tmp_path):
+    """A link where atomic_write puts its temp file, or at the file itself, is replaced, never written through."""
+    (tmp_path / 'precious').write_text('precious data')
+    path = tmp_path / 'out' / 'log.jsonl'
+    path.parent.mkdir()
+    os.symlink(tmp_path / 'precious', f'{path}.{os.getpid()}.tmp')
+    os.symlink(tmp_path / 'precious', path)
+    checkpoint.atomic_write(str(path), lambda f: f.write(b'{"iter": 0}\n'))
+    assert (tmp_path / 'precious').read_text() == 'precious data' and not path.is_symlink()
+    assert path.read_text() == '{"iter": 0}\n' and os.listdir(path.parent) == ['log.jsonl']
+
+
+def test_a_write_s_error_says_what_to_do_about_its_cause(tmp_path, monkeypatch):
+    """The directory gone (deleted while a run went on) is not a full disk; a read-only place is not either."""
+    gone = tmp_path / 'gone' / 'ckpt.pt'
+    with pytest.raises(UserError) as e:
+        checkpoint.atomic_write(str(gone), lambda f: f.write(b'x'), then='continue with --init_from=resume')
+    assert str(e.value) == (f"cannot write {gone}: its directory {gone.parent} is gone (deleted or moved while this "
+                            "ran); nothing was written: put it back, then continue with --init_from=resume")
+    monkeypatch.setattr(os, 'fsync', lambda fd: (_ for _ in ()).throw(OSError(errno.EROFS, 'Read-only file system')))
+    with pytest.raises(UserError) as e:
+        checkpoint.atomic_write(str(tmp_path / 'f'), lambda f: f.write(b'x'))
+    assert str(e.value) == (f"cannot write {tmp_path}/f: read-only file system; the file there, if any, is "
+                            "unchanged: make it writable, then run again")
+
+
+def test_a_resume_in_a_read_only_out_dir_is_told_to_make_it_writable(run_copy, data_dir, monkeypatch):
+    """Choosing another out_dir would not continue the run, which is in this one."""
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, 'Read-only file system')
+    monkeypatch.setattr(checkpoint.tempfile, 'TemporaryFile', read_only)
+    with pytest.raises(UserError) as e:
+        train(data_dir, run_copy, '--init_from=resume', '--eval_only=True')
+    assert str(e.value) == (f"cannot write into out_dir={run_copy}: read-only file system; the run to continue is "
+                            "there: make it writable, or copy it to a place that is and point --out_dir there")
+
+
+# ----------------------------------------------------------------------------- damaged checkpoints and logs
+def overwrite_a_weight(path):
+    """16 bytes of the checkpoint's largest tensor replaced by other finite floats, in place: what torch.load
+    loads without a word."""
+    import struct
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if '/data/' in i.filename), key=lambda i: i.file_size)
+    with open(path, 'r+b') as f:
+        f.seek(info.header_offset + 26)
+        name, extra = struct.unpack('<HH', f.read(4))
+        f.seek(info.header_offset + 30 + name + extra + 64)
+        f.write(struct.pack('<4f', 0.25, -0.5, 0.75, 1.0))
+    return info.filename
+
+
+def test_a_weight_changed_in_place_is_found_by_the_checksums(run_copy, data_dir, run_here):
+    path = os.path.join(run_copy, 'ckpt.pt')
+    changed = overwrite_a_weight(path)
+    torch.load(path, weights_only=True)  # loads
+    before = files(run_copy)
+    for script, args in (('sample.py', ['--device=cpu']), ('train.py', [*TINY_RUN, f'--data_dir={data_dir}',
+                                                                       '--init_from=resume', '--max_iters=6'])):
+        with pytest.raises(UserError) as e:
+            run_here(script, f'--out_dir={run_copy}', *args)
+        assert str(e.value) == (f"{path} is damaged: the bytes of {changed} are not those written (their checksum "
+                                "differs); restore it from a copy, or train again (train.py --overwrite replaces it)")
+    assert files(run_copy) == before
+
+
+@pytest.mark.parametrize('field, value', [('model', []), ('rng', {}), ('log', [1]), ('iter_num', '4'),
+                                          ('config', None)])
+def test_a_checkpoint_field_of_another_type_is_named_damaged(field, value, run_copy, tmp_path):
+    ckpt = torch.load(os.path.join(run_copy, 'ckpt.pt'), weights_only=True)
+    torch.save({**ckpt, field: value}, tmp_path / 'ckpt.pt')
+    with pytest.raises(UserError) as e:
+        checkpoint.load_checkpoint(str(tmp_path / 'ckpt.pt'))
+    assert str(e.value) == (f"{tmp_path}/ckpt.pt is damaged: its {field} is not what train.py writes there; restore "
+                            "it from a copy, or train again (train.py --overwrite replaces it)")
+
+
+@pytest.mark.parametrize('field, value, message', [
+    ('rng', [{'data': 'seven'}], "the checkpoint is damaged: rank 0's random number state is not one; "),
+    ('optimizer', [{'state': {}}], "{path} is damaged: its optimizer state is not that of an "
+                                     "optimizer; ")])
+def test_a_resume_from_damaged_state_is_one_line(field, value, message, run_copy, data_dir):
+    path = os.path.join(run_copy, 'ckpt.pt')
+    torch.save({**torch.load(path, weights_only=True), field: value}, path)
+    with pytest.raises(UserError) as e:
+        train(data_dir, run_copy, '--init_from=resume', '--max_iters=6')
+    assert str(e.value) == message.format(path=path) + ("restore it from a copy, or train again (train.py "
+                                                        "--overwrite replaces it)")
+
+
+def test_text_from_a_checkpoint_is_printed_without_control_characters():
+    assert checkpoint.trained_with({'iter_num': 4, 'torch_version': '2.13', 'git_commit': 'abc\x1b[2J\x1b]0;x\x07'}) \
+        == 'iter 4, torch 2.13, commit abc\\x1b[2J\\x1b]0;x\\x07'
+
+
+def test_a_crafted_log_copy_is_not_written_as_it_is(run_copy, data_dir):
+    """The log a checkpoint holds is written back (a run killed between its two writes) only as train.py writes
+    records: one JSON object of an iteration up to the checkpoint's a line, nothing else of the copy."""
+    path = os.path.join(run_copy, 'ckpt.pt')
+    ckpt = torch.load(path, weights_only=True)
+    records = [json.loads(line) for line in ckpt['log']]
+    ckpt['log'] = ['\x1b[2J\x1b]0;owned\x07\n', *ckpt['log'][:2], ' {"iter": 1,   "x": "\\u001b"}\n',
+                   '{"iter": 99}\n', '[1]\n', '{"iter": "2"}\n']
+    torch.save(ckpt, path)
+    os.remove(os.path.join(run_copy, 'log.jsonl'))
+    assert train(data_dir, run_copy, '--init_from=resume', '--max_iters=4') == 0  # nothing to train: writes the log
+    with open(os.path.join(run_copy, 'log.jsonl'), 'rb') as f:
+        assert f.read().decode() == ''.join(json.dumps(r) + '\n' for r in [*records[:2], {'iter': 1, 'x': '\x1b'}])
+
+
+def test_a_log_of_binary_bytes_is_named_and_made_whole_on_resume(run_copy, data_dir):
+    log = os.path.join(run_copy, 'log.jsonl')
+    whole = open(log, 'rb').read()
+    with open(log, 'wb') as f:
+        f.write(bytes(range(256)) * 4)
+    with pytest.raises(UserError, match=rf"{log}, line 1: not a record of train.py \("):
+        checkpoint.read_log(run_copy)
+    assert train(data_dir, run_copy, '--init_from=resume', '--max_iters=4') == 0
+    assert open(log, 'rb').read() == whole
+
+
+def test_restore_log_makes_a_finished_run_s_log_whole_from_its_checkpoint(run_copy):
+    """checkpoint.restore_log (for sweep.py, whose finished runs nothing resumes): a log that lost its last line,
+    or is gone, is written again from the checkpoint's copy, with what the file has past the checkpoint."""
+    log = os.path.join(run_copy, 'log.jsonl')
+    whole = open(log).read()
+    assert checkpoint.restore_log(run_copy) is False and open(log).read() == whole
+    open(log, 'w').write(whole[:whole.rindex('{')])  # the last line lost
+    assert checkpoint.restore_log(run_copy) is True and open(log).read() == whole
+    os.remove(log)
+    assert checkpoint.restore_log(run_copy) is True and open(log).read() == whole
+    later = '{"iter": 5, "val_loss": 1.0}\n'  # logged after the last checkpoint (always_save_checkpoint=False)
+    open(log, 'w').write(whole.replace(whole.splitlines(True)[1], '') + later)
+    assert checkpoint.restore_log(run_copy) is True and open(log).read() == whole + later

@@ -7,13 +7,15 @@ import contextlib
 import os
 import re
 import signal
+import socket
+import subprocess
 import sys
 
 import pytest
 import torch
 
 from nanolime import common
-from conftest import REPO, TINY_RUN, ckpt_of, fails, launch_ranks, patched, run, script_here
+from conftest import REPO, TINY_RUN, child_env, ckpt_of, fails, launch_ranks, patched, run, script_here
 
 
 @pytest.mark.parametrize('gpu, native, want', [('A100', True, torch.bfloat16), ('V100', False, torch.float16),
@@ -306,11 +308,71 @@ def test_start_ddp_says_what_it_waits_for_before_it_waits(monkeypatch, capsys):
     seen = []
     monkeypatch.setattr(torch.distributed, 'init_process_group',
                         lambda backend: seen.append((backend, capsys.readouterr().out)))
-    common.start_ddp('cpu', 1, 2)
+    monkeypatch.setattr(torch.distributed, 'all_gather_object', lambda runs, run: runs.__setitem__(slice(None), [run] * 2))
+    common.start_ddp('cpu', 1, 2, {'seed': 1})
     (backend, said), = seen
     assert backend == 'gloo' and said == ("ddp: rank 1 waits for all 2 ranks (WORLD_SIZE) to join at 127.0.0.1:29500 "
                                           "(MASTER_ADDR:MASTER_PORT); torchrun starts them together\n")
     assert sys.excepthook is common.excepthook
+
+
+
+@pytest.mark.parametrize('runs, message', [
+    ([{'a': 1, 'lr': 0.002}, {'a': 1, 'lr': 0.01}], "lr is 0.002 on rank 0; 0.01 on rank 1;"),
+    ([{'a': 1}, {'a': 2}, {'a': 1}, {'a': 1, 'b': 0}], "a is 1 on ranks 0, 2, 3; 2 on rank 1 (b too);"),
+    ([{'a': 1}, {'a': 1, 'b': 0}], "b is 'not set' on rank 0; 0 on rank 1;"),  # a key only some ranks have
+    ([{'a': float('nan')}] * 2, None)])  # the same value, even one that equals nothing
+def test_ranks_that_would_run_different_runs_stop_before_any_other_collective(runs, message, monkeypatch):
+    """start_ddp compares the ranks' runs right after the process group starts: every rank raises the same error,
+    naming the first key that differs and each rank's value (tests/test_train.py: two real ranks)."""
+    for k, v in TORCHRUN.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(sys, 'excepthook', sys.excepthook)
+    monkeypatch.setattr(torch.distributed, 'init_process_group', lambda backend: None)
+    monkeypatch.setattr(torch.distributed, 'all_gather_object', lambda out, run: out.__setitem__(slice(None), runs))
+    with contextlib.redirect_stdout(None) if message is None else pytest.raises(common.UserError) as e:
+        common.start_ddp('cpu', 1, len(runs), runs[1])
+    if message is not None:
+        assert str(e.value).startswith(f"the ranks were started for different runs: {message} start every rank with "
+                                       "the same options, data and checkpoint"), str(e.value)
+
+
+def test_a_master_port_in_use_is_named(monkeypatch, capsys):
+    """torch's socket error ('EADDRINUSE') where rank 0 cannot listen: one line naming MASTER_PORT."""
+    with socket.socket() as busy:
+        busy.bind(('127.0.0.1', 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for k, v in {**TORCHRUN, 'RANK': '0', 'LOCAL_RANK': '0', 'WORLD_SIZE': '1', 'MASTER_PORT': str(port)}.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setattr(sys, 'excepthook', sys.excepthook)
+        try:
+            with pytest.raises(common.UserError) as e:
+                common.start_ddp('cpu', 0, 1, {})
+        finally:
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+    assert str(e.value) == (f"the ranks cannot meet at MASTER_ADDR:MASTER_PORT=127.0.0.1:{port} (the port is in use "
+                            "by another program); choose another MASTER_PORT (torchrun --master_port=N), or end what "
+                            "holds it")
+
+
+def test_printed_text_from_files_has_no_control_characters():
+    assert common.printable('abc\x1b[2J\x07 é\n') == 'abc\\x1b[2J\\x07 é\\n'
+
+
+@pytest.mark.slow
+def test_a_closed_stdout_is_one_line_that_says_so(data_dir, tmp_path):
+    """`train.py | head -1`: the reader of stdout goes away after the first line; the next print stops the run with
+    one line saying so (not BrokenPipeError's), exit status 1."""
+    out = str(tmp_path / 'out')
+    cmd = [sys.executable, 'train.py', *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=50']
+    train = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    train.stdout.readline()
+    train.stdout.close()  # head -1 exits
+    stderr = train.communicate(timeout=300)[1].decode()
+    assert train.returncode == 1 and stderr == ("error: stdout was closed by its reader (a pipe into head, say): "
+                                                "stopped here; what was saved is intact\n")
 
 
 @pytest.mark.slow

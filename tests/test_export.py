@@ -145,12 +145,13 @@ def test_the_wrapper_is_a_module_of_the_repository_that_imports_where_an_export_
             del sys.modules[name]
 
 
-def test_the_flag_s_earlier_name_still_works_with_a_notice(runs, tmp_path):
-    """--to was renamed --export_dir (a folder, where --to read like a format): --to=DIR still exports, saying so."""
-    code, stdout, stderr = script_here('integrations/export.py', f'--out_dir={runs("baseline-mha")}',
-                                       f'--to={tmp_path}/x')
-    assert code == 0 and os.path.isfile(f'{tmp_path}/x/config.json')
-    assert stderr.splitlines() == ["note: --to=DIR is now --export_dir=DIR (the folder to write); --to will be removed"]
+def test_the_flag_s_earlier_name_is_gone(runs, tmp_path):
+    """--to (export_dir's earlier name, which read like a format) is an unknown key: beside --export_dir it is not
+    left unread."""
+    with pytest.raises(UserError, match=r"unknown config key 'to' \(--to="):
+        script_here('integrations/export.py', f'--out_dir={runs("baseline-mha")}', f'--export_dir={tmp_path}/x',
+                    f'--to={tmp_path}/y')
+    assert not os.path.exists(tmp_path / 'x') and not os.path.exists(tmp_path / 'y')
 
 
 def test_pipeline_generates_with_remote_code(runs, tmp_path):
@@ -306,7 +307,10 @@ def test_train_init_from_hf_starts_from_the_llama(runs, tmp_path, data_dir, caps
 def test_refusals(runs, tmp_path, data_dir):
     lime, base = runs('lime-gqa'), runs('baseline-mha')
     cases = [
-        ((base, '--format=lime-authors'), "format='lime-authors' holds LIMe models; this is a baseline"),
+        ((base, '--format=lime-authors'), "cannot hold this model (lime=False: a baseline): the authors' code has "
+                                          "LIMe's static full router only; export it with --format=hf (a plain "
+                                          "LlamaForCausalLM)"),
+        ((runs('depthattn-gqa'), '--format=lime-authors'), "cannot hold this model (depth_attention=True)"),
         ((runs('lime-average'), '--format=lime-authors'), "cannot hold this model (router='average')"),
         ((runs('lime-mhc'), '--format=lime-authors'), "cannot hold this model (hc=2)"),
         ((runs('lime-completep'), '--format=lime-authors'), "cannot hold this model (depth_scaling='completep')"),
@@ -335,10 +339,17 @@ def test_refusals(runs, tmp_path, data_dir):
     shutil.copytree(tmp_path / 'llama', shapes)
     config = json.load(open(shapes / 'config.json'))
     json.dump({**config, 'intermediate_size': config['intermediate_size'] + 64}, open(shapes / 'config.json', 'w'))
+    mistral = tmp_path / 'mistral'  # a config.json of another model_type, its class a Llama's
+    shutil.copytree(tmp_path / 'llama', mistral)
+    json.dump({**config, 'model_type': 'mistral'}, open(mistral / 'config.json', 'w'))
     vocab = tmp_path / 'vocab'
     shutil.copytree(tmp_path / 'llama', vocab)
     json.dump({**config, 'vocab_size': 100}, open(vocab / 'config.json', 'w'))
-    for folder, message in [('remote', "a ['NanoLIMeForCausalLM'] model; only a plain LlamaForCausalLM can be"),
+    for folder, message in [('remote', "config.json names model_type 'nanolime' and NanoLIMeForCausalLM; only a "
+                                       "plain Llama (model_type 'llama', LlamaForCausalLM) can be imported (a "
+                                       "nanoLIMe export continues with its run's own --init_from=resume)"),
+                            ('mistral', "config.json names model_type 'mistral' and LlamaForCausalLM; only a plain "
+                                        "Llama (model_type 'llama', LlamaForCausalLM) can be imported"),
                             ('attention_bias', 'unsupported Llama (attention_bias)'),
                             ('hidden_act', "unsupported Llama (hidden_act='gelu')"),
                             ('shapes', 'mlp.gate_proj.weight has shape (128, 32) there, (192, 32) here'),

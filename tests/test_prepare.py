@@ -1,5 +1,6 @@
 """Tests for prepare.py: char / BPE / fineweb_edu-from-local-files preparation, codecs, errors."""
 import ast
+import errno
 import gzip
 import hashlib
 import json
@@ -329,3 +330,21 @@ def test_imports_point_one_way():
     def reaches(start, target, seen=()):
         return any(d == target or (d not in seen and reaches(d, target, (*seen, d))) for d in graph[start])
     assert not [m for m in graph if reaches(m, m)]
+
+
+def test_a_full_disk_leaves_no_part_of_a_file(tmp_path, monkeypatch):
+    """A write that fails (a full disk: found at the latest when the file is synced) is one line, and each file is
+    the old one or none, never part of the new one; meta.pkl, written last, is gone: the data reads as not prepared."""
+    out = str(tmp_path / 'd')
+    prepare.prepare_char('abcdefgh' * 100, out)
+    before = open(os.path.join(out, 'train.bin'), 'rb').read()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, 'No space left on device')
+    monkeypatch.setattr(os, 'fsync', full)
+    with pytest.raises(common.UserError) as e:
+        prepare.prepare_char('hgfedcbaxyz' * 300, out)
+    assert str(e.value) == (f"cannot write {out}/train.bin: no space left on device; the file there, if any, is "
+                            "unchanged: free some space (or fix the permissions), then run again")
+    assert open(os.path.join(out, 'train.bin'), 'rb').read() == before
+    assert sorted(os.listdir(out)) == ['train.bin', 'val.bin'] and not prepare.is_prepared(out)

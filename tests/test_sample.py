@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nanolime.common import UserError
-from conftest import error_of, script_here
+from conftest import REPO, error_of, script_here
 from model import GPT
 
 
@@ -67,3 +67,11 @@ def test_sample_prompt_outside_the_vocabulary(short_run, tmp_path, run_here):
 ])
 def test_sample_bad_options(args, needle, short_run, run_here):
     assert needle in error_of(run_here, 'sample.py', f'--out_dir={short_run}', *args)
+
+
+def test_a_checkpoint_without_a_vocabulary_or_a_dataset_says_so(run_here):
+    """tests/fixtures/*.pt hold a model only: sampling one names what is missing (not a dataset named '')."""
+    with pytest.raises(UserError) as e:
+        run_here('sample.py', '--out_dir=' + os.path.join(REPO, 'tests', 'fixtures', 'lime.pt'), '--device=cpu')
+    assert str(e.value) == ("the checkpoint holds no vocabulary and names no dataset: its tokens cannot be read as "
+                            "text; use a checkpoint that train.py wrote (it keeps its vocabulary)")

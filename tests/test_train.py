@@ -297,6 +297,8 @@ def test_cuda_setup_reaches_model_placement(gpus, torchrun, want, data_dir, tmp_
     monkeypatch.setattr(torch.distributed, 'init_process_group',
                         lambda backend=None, **k: print('init_process_group', backend))
     monkeypatch.setattr(torch.distributed, 'broadcast_object_list', lambda objects, src=0, **k: None)  # rank 0: ok
+    monkeypatch.setattr(torch.distributed, 'all_gather_object', lambda runs, run, **k: runs.__setitem__(  # the same
+        slice(None), [run] * len(runs)))
     monkeypatch.setattr(torch.nn.Module, 'to', to)
     # cuBLAS's settings on a stand-in: torch's object answers allow_tf32 from its __getattr__ (nothing in its
     # __dict__), so monkeypatching the attribute itself is undone by a delattr that fails on pytest >= 9.2 and
@@ -799,8 +801,8 @@ def test_a_resume_with_other_optimizer_settings_applies_them_and_says_so(data_di
     capsys.readouterr()
     assert run_here('train.py', *args, '--max_iters=6', '--init_from=resume', '--learning_rate=1e-3', '--min_lr=1e-4',
                     '--router_lr=5e-3', '--weight_decay=0.5', '--beta2=0.9') == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if 'optimizer settings' in line]
-    assert lines == [f"resuming with other optimizer settings than {out}/ckpt.pt's, applied from iter 5 on: "
+    lines = [line for line in capsys.readouterr().out.splitlines() if 'other settings' in line]
+    assert lines == [f"resuming with other settings than {out}/ckpt.pt's, applied from iter 5 on: "
                      "learning_rate 0.003 -> 0.001, min_lr 0.0003 -> 0.0001, router_lr 0.01 -> 0.005, "
                      "weight_decay 0.1 -> 0.5, beta2 0.99 -> 0.9"]
     ck, log = load(out), read_log(out)
@@ -823,6 +825,107 @@ def test_a_resume_whose_optimizer_has_other_groups_is_refused_in_one_line(data_d
     assert run_here('train.py', *args, '--max_iters=2') == 0
     before = files(out)
     with pytest.raises(UserError, match=r"cannot resume from .*/ckpt.pt: its optimizer's parameter groups differ from "
-                                        r"this run's \(.*\); use the checkpoint's settings or another out_dir"):
+                                        r"this run's \(.*\); resume with --attnres_query_lr=0.0, or train into "
+                                        "another out_dir"):
         run_here('train.py', *args, '--max_iters=4', '--init_from=resume', '--attnres_query_lr=5e-3')
     assert files(out) == before
+
+
+# --------------------------------------------------------------------------- what a resume changes
+def test_every_option_is_classified_for_a_resume():
+    """Each train.py option is in one class of checkpoint.RESUME_OPTIONS, or is one of the model's options (refused
+    as the model builds them), never both (but dropout, the model's option that may change); docs/errors.md names
+    each, class by class."""
+    import dataclasses
+    classes = checkpoint.RESUME_OPTIONS
+    model_options = {f.name for f in dataclasses.fields(RelativesConfig)}
+    named = [k for options in classes.values() for k in options]
+    assert len(named) == len(set(named)) and set(named) & model_options == {'dropout'}
+    options = set(common.script_options(os.path.join(REPO, 'train.py'))) | {'debug'}
+    assert options - model_options == set(named) - {'dropout'}, options ^ (set(named) | model_options)
+    docs = open(os.path.join(REPO, 'docs', 'errors.md')).read()
+    table = docs[docs.index('## Resuming'):]
+    for kind, options in classes.items():
+        line = next(line for line in table.splitlines() if line.startswith(f'| {kind} |'))
+        assert all(f'`{k}`' in line for k in options), (kind, [k for k in options if f'`{k}`' not in line])
+
+
+def test_a_resume_says_and_logs_what_it_changes(data_dir, tmp_path, run_here, capsys):
+    """Options that may change on a resume (the optimizer's, dropout, the batch, the evaluation's): applied, named in
+    one line with an option the checkpoint's config lacks, and logged from the iteration they hold; the model
+    trains with the new dropout, and the checkpoint and its log say from when."""
+    out = str(tmp_path / 'out')
+    args = [*TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--lr_decay_iters=20', '--eval_interval=2']
+    assert run_here('train.py', *args, '--max_iters=2') == 0
+    ck = load(out)
+    del ck['config']['router_lr_scaling']  # as an older version wrote it
+    torch.save(ck, os.path.join(out, 'ckpt.pt'))
+    capsys.readouterr()
+    assert run_here('train.py', *args, '--max_iters=4', '--init_from=resume', '--dropout=0.1', '--eval_iters=2',
+                    '--total_batch_size=512', '--log_interval=2') == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if 'other settings' in line]
+    assert lines == [f"resuming with other settings than {out}/ckpt.pt's, applied from iter 3 on: router_lr_scaling "
+                     "(not recorded) -> '', dropout 0.0 -> 0.1, total_batch_size 256 -> 512, eval_iters 4 -> 2"]
+    log = read_log(out)
+    assert [r['iter'] for r in log] == [0, 1, 2, 3, 4]  # log_interval=2: the change's record at 3
+    assert log[3] == {'iter': 3, 'changed': {'router_lr_scaling': [None, ''], 'dropout': [0.0, 0.1],
+                                             'total_batch_size': [256, 512], 'eval_iters': [4, 2]}}
+    assert log[-1]['tokens'] == 2 * 256 + 2 * 512
+    ck = load(out)
+    assert ck['model_args']['dropout'] == ck['config']['dropout'] == 0.1 and ck['log'] == [
+        json.dumps(r) + '\n' for r in log]
+
+
+@pytest.mark.parametrize('arg, message', [
+    ('--seed=7', "the run differs (seed: 1337 in the checkpoint, 7 now; a resume continues the run the checkpoint "
+                 "holds); resume with --seed=1337, or train into another out_dir"),
+    ('--router_init=identity', "the model differs (router_init: 'paper' in the checkpoint, 'identity' now; a resume "
+                               "continues the run the checkpoint holds); resume with --router_init=paper, or train "
+                               "into another out_dir"),
+    ('--optimizer=muon', "the run differs (optimizer: 'adamw' in the checkpoint, 'muon' now; a resume continues the "
+                         "run the checkpoint holds); resume with --optimizer=adamw, or train into another out_dir")])
+def test_a_resume_refuses_what_made_the_run(arg, message, run_copy, data_dir):
+    """The seed (of the init, the data order and the evaluation batches) and the model's init are the run's: a
+    resume that would change them is refused in one line saying which option to give, the run's files as they were."""
+    before = files(run_copy)
+    with pytest.raises(UserError) as e:
+        train(data_dir, run_copy, '--init_from=resume', '--max_iters=6', arg)
+    assert str(e.value) == f"cannot resume from {run_copy}/ckpt.pt: {message}"
+    assert files(run_copy) == before
+
+
+def test_a_model_too_large_for_the_device_is_said_as_such(data_dir, tmp_path, run_here):
+    """Out of memory while the model is built (a shape too large, or an imported Llama's) is not a batch to lower."""
+    with pytest.raises(UserError) as e:  # 2 layers of 2^20: terabytes, refused by the allocator at once
+        run_here('train.py', *TINY, '--n_embd=1048576', '--n_head=1024', f'--data_dir={data_dir}',
+                 f'--out_dir={tmp_path}/out')
+    assert str(e.value) == "out of memory building the model: train a smaller one, or on a device with more memory"
+    assert not os.path.exists(tmp_path / 'out')
+
+
+# --------------------------------------------------------------------------- one run on every rank
+@pytest.mark.slow
+@pytest.mark.parametrize('both, rank1, message', [
+    ([], ['--fsdp=True'], "fsdp is False on rank 0; True on rank 1"),  # FSDP on one rank: mismatched collectives
+    (['--fsdp=True'], ['--learning_rate=1e-2', '--max_iters=6'],  # with max_iters: one would leave the loop early
+     "learning_rate is 0.002 on rank 0; 0.01 on rank 1 (max_iters too)"),
+    (['--init_from=resume'], ['resaved'], "checkpoint is ")])  # another out_dir, another checkpoint in it
+def test_ranks_started_for_different_runs_stop_before_any_work(both, rank1, message, run_copy, data_dir, tmp_path):
+    """Two ranks started by hand, as two machines' torchrun lines are, that differ in an option (or in the
+    checkpoint they resume): every rank stops at once with one line naming the first that differs and each rank's
+    value, before any collective of the run (they would hang, abort, or train apart); nothing is written."""
+    out = str(tmp_path / 'out') if 'resaved' not in rank1 else run_copy
+    if 'resaved' in rank1:  # the same run, saved again: another checkpoint
+        other = str(tmp_path / 'other')
+        shutil.copytree(run_copy, other)
+        torch.save(torch.load(os.path.join(other, 'ckpt.pt'), weights_only=True), os.path.join(other, 'ckpt.pt'))
+        rank1 = [f'--out_dir={other}']
+    before = files(run_copy)
+    per_rank = f"import os, sys\nsys.argv += {rank1!r} if os.environ['RANK'] == '1' else []"
+    ranks = launch_ranks(patched(per_rank), *TINY_RUN, f'--data_dir={data_dir}', f'--out_dir={out}', '--max_iters=8',
+                         '--total_batch_size=256', *both, timeout=240)
+    line = fails(ranks[0], f"error: the ranks were started for different runs: {message}")
+    assert line.endswith("; start every rank with the same options, data and checkpoint (torchrun passes its "
+                         "command line to each)")
+    assert fails(ranks[1]) == line.replace('error: ', 'error: [rank 1] ')
+    assert files(run_copy) == before and not os.path.exists(os.path.join(tmp_path, 'out'))
