@@ -1067,7 +1067,6 @@ def test_a_sweep_cut_short_keeps_the_rows_of_the_runs_it_finished(data_dir, tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="needs the lock fix", strict=False)
 def test_the_sweep_s_lock_follows_no_symlink(swept, tmp_path):
     """out_dir/.lock a link to a file elsewhere: the sweep refuses it with one line and the file is left as it was."""
     root, args, _, _ = swept
