@@ -272,14 +272,20 @@ class Attention(nn.Module):
         self.router = Router(config, layer) if config.lime and layer > 0 else None  # layer 0 reads its own k, v
 
     def forward(self, x, rope, kv_stack=None, cache=None):
+        q, k, v = self.qkv(x)
+        if kv_stack is not None:  # LIMe: this layer's pre-RoPE k, v routed with every earlier layer's (eq. 2)
+            k, v = self.lime(x, k, v, kv_stack)
+        return self.out(self.attend(q, k, v, rope, cache))
+
+    def qkv(self, x):
+        """This layer's queries and its own keys and values, before RoPE: (B, T, H, d_h), (B, T, H_kv, d_h) x 2."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim)
-        kv = self.kv_proj(x).view(B, T, 2, self.n_kv_head, self.head_dim)
-        if kv_stack is None:
-            k, v = kv.unbind(2)  # (B, T, H_kv, d_h) each
-        else:  # LIMe: this layer's pre-RoPE k, v routed with every earlier layer's (eq. 2)
-            k, v = self.lime(x, kv, kv_stack)
-        return self.resid_dropout(self.o_proj(self.attend(q, k, v, rope, cache)))
+        k, v = self.kv_proj(x).view(B, T, 2, self.n_kv_head, self.head_dim).unbind(2)
+        return q, k, v
+
+    def out(self, y):  # y: (B, T, H * d_h), attention's output
+        return self.resid_dropout(self.o_proj(y))
 
     def attend(self, q, k, v, rope, cache=None):
         """Causal attention of q (B, T, H, d_h) over k, v (B, T, H_kv, d_h), RoPE applied here; with a cache,
@@ -298,10 +304,10 @@ class Attention(nn.Module):
                                            enable_gqa=self.n_kv_head != self.n_head)
         return y.transpose(1, 2).reshape(B, T, -1)
 
-    def lime(self, x, kv, kv_stack):
-        """LIMe's keys and values: kv (B, T, 2, H_kv, d_h) joins the stacked KV, heads outermost, and the
+    def lime(self, x, k, v, kv_stack):
+        """LIMe's keys and values: k, v (B, T, H_kv, d_h) join the stacked KV, heads outermost, and the
         router mixes every layer's so far into this layer's (layer 0 keeps its own)."""
-        kv = kv.permute(3, 2, 0, 1, 4).contiguous()  # (H_kv, 2, B, T, d_h)
+        kv = torch.stack((k.permute(2, 0, 1, 3), v.permute(2, 0, 1, 3)), dim=1)  # (H_kv, 2, B, T, d_h)
         kv_stack.append(kv)
         if self.router is not None:
             kv = self.router(x, kv_stack)

@@ -25,21 +25,29 @@ import math
 import torch
 from torch import nn
 
+import relatives
 from nanolime.common import UserError
+from nanolime.variants import named
 
 
-def check(ddp, optimizer, variant, depth_scaling, dtype):
-    """UserError, the same on every rank, for what FSDP does not run here: outside torchrun, Muon, the relatives
-    (only model.GPT's baseline and LIMe are sharded), float16 (its GradScaler would see one rank's shards)."""
+def check(ddp, optimizer, config, dtype):
+    """UserError, the same on every rank, for what FSDP does not run here: outside torchrun, Muon, a
+    relative that its file does not declare shardable (relatives/base.py: none is; model.GPT's
+    baseline and LIMe are), CompleteP, float16 (its GradScaler would see one rank's shards).
+    config: the run's options (train.py's)."""
     if not ddp:
         raise UserError("fsdp=True shards the model over torchrun's ranks: start it with torchrun (torchrun "
                         "--standalone --nproc_per_node=N train.py ... --fsdp=True), or drop --fsdp=True")
     if optimizer != 'adamw':
         raise UserError(f"fsdp=True trains with optimizer='adamw' only, not {optimizer!r}: use --optimizer=adamw, "
                         "or DDP (drop --fsdp=True)")
-    relatives = [part for part in variant.split('@')[0].split('+') if part.split(':')[0] not in ('baseline', 'lime')]
-    if relatives or depth_scaling != 'standard':
-        what = ' and '.join(relatives + ([f"depth_scaling={depth_scaling!r}"] if depth_scaling != 'standard' else []))
+    depth_scaling = config['depth_scaling']
+    unsharded = [part for r in relatives.RELATIVES if config[relatives.switch(r)] and not r.fsdp
+                 for part in named(r.components, config) or [relatives.switch(r)]]  # variant_name's
+    if depth_scaling != 'standard':
+        unsharded.append(f"depth_scaling={depth_scaling!r}")
+    if unsharded:
+        what = ' and '.join(unsharded)
         raise UserError(f"fsdp=True shards the baseline and LIMe only, not {what}: train it with DDP "
                         "(drop --fsdp=True)")
     if dtype == torch.float16:

@@ -29,7 +29,8 @@ from . import completep
 from .completep import CompleteP
 
 # The registry: one line per relative, in the order of their options, weights and random draws (their checkpoint
-# keys and the RNG order follow it). Each file exports RELATIVE (relatives/base.py says what that holds).
+# keys and the RNG order follow it). Each file declares everything about its relative in RELATIVE
+# (relatives/base.py says what that holds): a new relative is a file and a line here.
 from .hyper_connections import RELATIVE as HYPER_CONNECTIONS
 from .denseformer import RELATIVE as DENSEFORMER
 from .attnres import RELATIVE as ATTENTION_RESIDUALS
@@ -45,9 +46,9 @@ from .hyper_connections import MHC, DynamicMHC, HyperConnection, HyperStreams, s
 from .denseformer import DenseStream, DepthWeightedAverage  # noqa: E402, F401
 from .attnres import ATTNRES, AttnRes, DepthStream, attnres_block_sublayers  # noqa: E402, F401
 from .moda import DepthKV, MoDAStream  # noqa: E402, F401
-from .muddformer import MUDDConnection, MUDDStream, mudd_attention, mudd_shape  # noqa: E402, F401
+from .muddformer import MUDDConnection, MUDDStream, mudd_shape  # noqa: E402, F401
 
-OPTIONS = tuple(name for relative in RELATIVES for name in relative.options)  # every relative's options
+OPTIONS = {name: default for r in RELATIVES for name, default in r.options.items()}  # all off
 
 
 def switch(relative):
@@ -101,11 +102,14 @@ class RelativesGPT(GPT):
         super().__init__(config)  # the baseline's weights and LIMe's routers, drawn as in model.GPT
         attach(self)              # the relative's weights: fixed init, no RNG draw
         reset_parameters(self)    # the relative's random weights, drawn last
+        self.stream_hooks = []    # probes of the stream (relatives/base.py's Stream)
 
     def run_blocks(self, x, kv_stack=None, cache=None):
         s = stream(self, x)  # a relative's residual stream for this pass, or None: the plain residual sum
-        return super().run_blocks(x, kv_stack, cache) if s is None else s.run(self.transformer.h, self.rope,
-                                                                               kv_stack, cache)
+        if s is None:
+            return super().run_blocks(x, kv_stack, cache)
+        s.hooks = self.stream_hooks
+        return s.run(self.transformer.h, self.rope, kv_stack, cache)
 
     def flops_per_token(self, seq_len=None):
         return super().flops_per_token(seq_len) + flops(self.config, seq_len or self.config.block_size)
@@ -119,6 +123,11 @@ def check(config):
     """ValueError for a combination that does not make sense; LIMe combines with every stream."""
     for relative in RELATIVES:
         relative.check(config)
+        others = ["lime"] * bool(config.lime) + [switch(r) for r in RELATIVES
+                                                 if r is not relative and on(r, config)]
+        if relative.alone and on(relative, config) and others:
+            raise ValueError(f"{switch(relative)} is {relative.alone}: use it alone, without "
+                             f"{' or '.join(others)}")
     rewiring = [switch(r) for r in RELATIVES if r.rewires_stream]
     if sum(on(r, config) for r in RELATIVES if r.rewires_stream) > 1:
         raise ValueError(f"{', '.join(rewiring[:-1])} and {rewiring[-1]} each rewire the residual stream; "

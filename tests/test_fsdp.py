@@ -87,20 +87,25 @@ def test_fsdp_trains_as_ddp_resumes_exactly_and_its_checkpoint_is_ddps(data_dir,
 
 
 def test_what_fsdp_does_not_run_is_one_line():
-    """Outside torchrun, Muon, a relative, CompleteP, float16: one error naming it, before any work."""
+    """Outside torchrun, Muon, a relative (named as in its variant name), CompleteP, float16: one error naming
+    it, before any work."""
     from nanolime.common import UserError
     from nanolime import fsdp
+    from nanolime.variants import DEFAULTS, parse_variant
+
+    def config(variant, depth_scaling='standard'):  # train.py's options of a variant
+        return {**DEFAULTS, **parse_variant(variant)[0], 'depth_scaling': depth_scaling}
     with pytest.raises(UserError, match="start it with torchrun"):
-        fsdp.check(False, 'adamw', 'lime', 'standard', torch.float32)
+        fsdp.check(False, 'adamw', config('lime'), torch.float32)
     with pytest.raises(UserError, match="optimizer='adamw' only, not 'muon'"):
-        fsdp.check(True, 'muon', 'lime', 'standard', torch.float32)
-    with pytest.raises(UserError, match="the baseline and LIMe only, not attnres:block and mudd"):
-        fsdp.check(True, 'adamw', 'lime+attnres:block+mudd', 'standard', torch.float32)
-    with pytest.raises(UserError, match="not depth_scaling='completep'"):
-        fsdp.check(True, 'adamw', 'baseline', 'completep', torch.float32)
+        fsdp.check(True, 'muon', config('lime'), torch.float32)
+    with pytest.raises(UserError, match="the baseline and LIMe only, not attnres:block and mudd:prepost: train"):
+        fsdp.check(True, 'adamw', config('lime+attnres:block+mudd:prepost'), torch.float32)
+    with pytest.raises(UserError, match="not mhc:static and hc8 and depth_scaling='completep'"):
+        fsdp.check(True, 'adamw', config('mhc:static+hc8', 'completep'), torch.float32)
     with pytest.raises(UserError, match="float16"):
-        fsdp.check(True, 'adamw', 'lime:first-2@identity', 'standard', torch.float16)
-    fsdp.check(True, 'adamw', 'lime:first-2@identity', 'standard', torch.bfloat16)  # runs
+        fsdp.check(True, 'adamw', config('lime:first-2@identity'), torch.float16)
+    fsdp.check(True, 'adamw', config('lime:first-2@identity'), torch.bfloat16)  # runs
 
 
 @pytest.mark.slow

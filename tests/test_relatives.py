@@ -477,7 +477,7 @@ def test_mixing_runs_in_float32_under_bf16_autocast(kw, monkeypatch):
         return torch.stack(reads + [out.float()])
 
     reads, ys = [], None
-    monkeypatch.setattr(R.muddformer, "mudd_attention", lambda attn, x_q, *args: attn(x_q))  # MUDD: a sub-layer
+    monkeypatch.setattr(R.MUDDStream, "attention", lambda self, attn, x_q, *args: attn(x_q))  # MUDD: a sub-layer
     with torch.no_grad():
         want = run()
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -1122,22 +1122,17 @@ def test_completep_travels_with_its_config():
 
 
 def test_every_relative_option_is_a_train_option():
-    """train.py's globals are its options (nanoGPT's config; --help lists them with their comments): every
-    relative's option, and CompleteP's, is one of them, with the registry's default. A relative added to the
-    registry without its line in train.py fails here (train.py would refuse its option as unknown)."""
-    import ast
-    import os
-    from conftest import REPO
-    with open(os.path.join(REPO, "train.py")) as f:
-        tree = ast.parse(f.read())
-    train = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
-             if isinstance(t, ast.Name)}
-    options = {name: default for relative in R.RELATIVES for name, default in relative.options.items()}
-    options.update(R.completep.OPTIONS)
-    assert len(options) > len(R.RELATIVES)  # every relative's switch at least, and CompleteP's two
+    """train.py's globals are its options (nanoGPT's config; --help lists them): every relative's option, and
+    CompleteP's, is one of them, with the registry's default, in the registry's order after LIMe's."""
+    from conftest import script_here
+    code, out, _ = script_here("train.py", "--help")
+    listed = [line.split(" = ")[0].strip() for line in out.splitlines() if line.startswith("  ") and " = " in line]
+    options = {**R.OPTIONS, **R.completep.OPTIONS}
+    assert code == 0 and len(R.OPTIONS) > len(R.RELATIVES)  # every relative's switch at least
+    start = listed.index("router_init") + 1
+    assert listed[start:start + len(options)] == list(options)
     for name, default in options.items():
-        assert name in train, f"train.py has no option {name!r} (relatives/: default {default!r})"
-        assert ast.literal_eval(train[name]) == default, name
+        assert f"  {name:<{len(max(listed, key=len))}} = {default!r}" in out, name
 
 
 @pytest.mark.parametrize("component", [c for c in VARIANT_COMPONENTS if c not in ("baseline", "lime")])
@@ -1145,11 +1140,11 @@ def test_fsdp_refuses_every_relative_by_its_name(component, data_dir, tmp_path, 
     """train.py --fsdp=True (one rank, as torchrun sets it) with each relative's variant: refused before any work,
     the relative named. train.py names the variant from every option the grammar takes, so a new relative's
     option cannot be left out of what FSDP checks. Every relative of the registry has a variant here."""
-    assert {R.switch(r) for r in R.RELATIVES} <= {k for opts in VARIANT_COMPONENTS.values() for k in opts}
+    assert {R.switch(r) for r in R.RELATIVES} <= {k for c in VARIANT_COMPONENTS.values() for k in c.options}
     torchrun = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
     for k, v in torchrun.items():
         monkeypatch.setenv(k, v)
-    options = [f"--{k}={v}" for k, v in VARIANT_COMPONENTS[component].items()]
+    options = [f"--{k}={v}" for k, v in VARIANT_COMPONENTS[component].options.items()]
     error = error_of(run_here, "train.py", "--device=cpu", "--lime=False", "--n_layer=2", "--n_embd=32",
                      f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'out'}", "--fsdp=True", *options)
     assert f"shards the baseline and LIMe only, not {component}" in error
