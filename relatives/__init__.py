@@ -17,7 +17,7 @@ RelativesConfig is GPTConfig plus every relative's options (all off: GPTConfig's
 the relatives' weights added after the baseline's (attach: none drawn from the RNG; then reset_parameters: random
 weights, drawn after the baseline's and LIMe's, so one seed gives every variant the baseline's weights), its blocks
 run on the relative's stream (run_blocks, through stream(model, x)), and the mixing's FLOPs added (flops).
-build_model(config) is model.GPT when no relative is on. What each relative's file exports: relatives/base.py.
+build_model(config) is model.GPT when no relative is on. What each relative's file declares: relatives/base.py.
 The mixing runs in float32 even under bf16 autocast (the streams are kept in float32, as the baseline's residual
 sum is): rounding the stream to bf16 at every sub-layer would lose what the sub-layers add.
 """
@@ -28,16 +28,17 @@ from model import GPT, GPTConfig
 from . import completep
 from .completep import CompleteP
 
-# The registry: one line per relative, in the order of their options, weights and random draws (their checkpoint
-# keys and the RNG order follow it). Each file declares everything about its relative in RELATIVE
+# The registry: one line per relative, in the order of their options, weights and random draws (their
+# checkpoint keys and the RNG order follow it). Each file declares everything about its relative in RELATIVE
 # (relatives/base.py says what that holds): a new relative is a file and a line here.
+from .base import Relative
 from .hyper_connections import RELATIVE as HYPER_CONNECTIONS
 from .denseformer import RELATIVE as DENSEFORMER
 from .attnres import RELATIVE as ATTENTION_RESIDUALS
 from .moda import RELATIVE as MODA
 from .muddformer import RELATIVE as MUDDFORMER
 from .depth_attention import RELATIVE as DEPTH_ATTENTION
-RELATIVES = (HYPER_CONNECTIONS, DENSEFORMER, ATTENTION_RESIDUALS, MODA, MUDDFORMER, DEPTH_ATTENTION)
+RELATIVES = tuple(r for r in globals().values() if isinstance(r, Relative))  # the lines above, in order
 
 # The names other code reaches through the package (each relative's own names: relatives.<its file>.<name>)
 from .base import Stream, fp32  # noqa: E402, F401

@@ -1149,3 +1149,80 @@ def test_fsdp_refuses_every_relative_by_its_name(component, data_dir, tmp_path, 
                      f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'out'}", "--fsdp=True", *options)
     assert f"shards the baseline and LIMe only, not {component}" in error
     assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- a new relative: a file and a line
+TOY = '''"""Toy: each block's output times a learned gain (a relative made by the registry's test)."""
+import torch
+import torch.nn as nn
+
+from .base import Component, Relative, Stream
+
+OPTIONS = dict(toy=False)  # each block's output times a learned gain
+
+
+def attach(model):
+    model.toy_gain = nn.Parameter(torch.ones(model.config.n_layer))
+
+
+class ToyStream(Stream):
+    def __init__(self, model, x):
+        self.gain, self.x, self.sub = model.toy_gain, x, 0
+
+    def read(self):
+        return self.x
+
+    def write(self, y):
+        self.x, self.sub = self.x + self.gain[self.sub // 2] * y, self.sub + 1
+
+    def output(self):
+        return self.x
+
+
+RELATIVE = Relative(family=lambda config: "Toy", options=OPTIONS, stream=ToyStream,
+                    flops=lambda config, T: 0, attach=attach, components={"toy": Component({"toy": True})})
+'''
+
+
+@pytest.mark.slow
+def test_a_new_relative_is_a_file_and_a_registry_line(data_dir, tmp_path):
+    """In a copy of the repository, relatives/toy.py and one line in the registry make a relative that train.py
+    trains (its option, its weight in the checkpoint, its variant name in the log), sweep.py and bench.py run by
+    its variant name, study.analyze names (its family) and records through its stream, and train.py --fsdp=True
+    refuses by name."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from conftest import REPO, TINY_RUN, child_env
+    repo = tmp_path / "repo"
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    for name in tracked:
+        if not name.startswith(("tests/", "experiments/", "dev/")):
+            os.makedirs(repo / os.path.dirname(name), exist_ok=True)
+            shutil.copy(os.path.join(REPO, name), repo / name)
+    (repo / "relatives" / "toy.py").write_text(TOY)
+    registry = (repo / "relatives" / "__init__.py").read_text()
+    line = "from .depth_attention import RELATIVE as DEPTH_ATTENTION\n"
+    (repo / "relatives" / "__init__.py").write_text(registry.replace(line, line + "from .toy import RELATIVE as TOY\n"))
+
+    def run(*args, **env):
+        return subprocess.run([sys.executable, *args], cwd=repo, env=child_env(**env), capture_output=True,
+                              text=True, timeout=600)
+
+    small = [*TINY_RUN, f"--data_dir={data_dir}", "--max_iters=2", "--eval_interval=2", "--lime=False"]
+    p = run("sweep.py", "--depths=2", "--variants=toy", "--seeds=0", f"--out_dir={tmp_path}", "--plot=False", *small)
+    out = tmp_path / "toy-L2-s0"  # the sweep's run: train.py's, with toy=True
+    assert p.returncode == 0 and "toy" in (tmp_path / "sweep.csv").read_text(), p.stderr
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    assert ckpt["config"]["toy"] is True and (ckpt["model"]["toy_gain"] != 1).all()  # trained
+    p = run("bench.py", "--variants=baseline,toy", "--n_layer=2", "--n_embd=32", "--block_size=16",
+            "--batch_size=2", "--warmup=1", "--iters=1", "--device=cpu", "--count_ops=False")
+    assert p.returncode == 0 and " toy " in p.stdout, p.stderr
+    p = run("-m", "study.analyze", str(out), f"--data_dir={data_dir}", "--num_tokens=64", "--max_per_word=10")
+    analysis = json.loads((out / "analysis.json").read_text())
+    assert p.returncode == 0 and analysis["family"] == "Toy" and len(analysis["entropy"]["hidden"]) == 2, p.stderr
+    p = run("train.py", *small, f"--out_dir={tmp_path / 'fsdp'}", "--toy=True", "--fsdp=True", RANK=0, LOCAL_RANK=0,
+            WORLD_SIZE=1, MASTER_ADDR="127.0.0.1", MASTER_PORT=29500)
+    assert p.returncode == 1 and "shards the baseline and LIMe only, not toy:" in p.stderr, p.stderr
