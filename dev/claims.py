@@ -11,10 +11,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
-from nanolime.sweep_stats import T95, holm, mean_ci, slope_ci, t_test_p  # noqa: E402
+from nanolime.sweep_stats import detectable, holm, mean_ci, slope_ci, slope_fit, t95, t_test_p  # noqa: E402
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'assets')
-T80 = {16: 0.865}  # the 80 % quantile of Student's t with 16 degrees of freedom (a t table)
 
 
 def rows(name):
@@ -94,11 +93,11 @@ def main():
                 ys.append(a[s] - b[s])
         slope, half, p = slope_ci(xs, ys)
         df = len(xs) - 2
-        t95 = T95[df - 1]  # sweep_stats's two-sided 95 % quantiles, from 1 degree of freedom
-        se = half / t95
+        se = slope_fit(xs, ys)[1]
+        t80 = detectable(se, df) / se - t95(df)  # Student's t's 80 % quantile
         print(f"depth curve, {arm} - baseline: slope {slope:+.4f} ± {half:.4f} per doubling, p {p:.3f}, {len(xs)} "
-              f"pairs; SE {se:.4f}; detectable at 80 % power (t_0.975,{df} {t95} + t_0.8,{df} {T80[df]}) x SE = "
-              f"{(t95 + T80[df]) * se:.3f} per doubling")
+              f"pairs; SE {se:.4f}; detectable at 80 % power (t_0.975,{df} {t95(df)} + t_0.8,{df} {t80:.3f}) "
+              f"x SE = {detectable(se, df):.3f} per doubling")
 
 
 if __name__ == '__main__':
