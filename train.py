@@ -18,6 +18,7 @@ import importlib.util
 import math
 import time
 import dataclasses
+from functools import partial
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
 from nanolime.common import UserError, configure, check_ranges, resolve_device, resolve_dtype, autocast, ddp_env, \
@@ -190,7 +191,7 @@ optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
 scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
 if ckpt is not None:  # their states (and the scaler's), with this run's settings
     changed = load_optimizers(optimizers, scaler, ckpt, ckpt_path, config,
-                              sharding.sharded_optimizer_state if fsdp else None)
+                              partial(sharding.sharded_optimizer_state, model) if fsdp else None)
 if check_only:  # sweep.py checks each of its runs so
     print(json.dumps(config))
     sys.exit(0)
