@@ -11,6 +11,8 @@ import re
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
+
 from model import route_reference
 
 # ----------------------------------------------------------------------------- measures
@@ -152,7 +154,8 @@ class Recorder:
         self.store = {'kv': {}, 'hidden': {}}
         device = next(self.model.parameters()).device
         with torch.no_grad():
-            for i in range(0, len(windows), batch_size):
+            for i in tqdm(range(0, len(windows), batch_size), desc='recording', unit='batch', leave=False,
+                          disable=None):  # None: on a terminal only
                 self.keep = None if keep is None else keep[i:i + batch_size].to(device)
                 self.model(windows[i:i + batch_size].to(device))  # hooks see every position
         self.keep = None
@@ -233,5 +236,6 @@ def separability(recorder, val, positions, T, max_per_word, folds=5, seed=0, max
     res = {'words': words, 'n_per_word': int(n_per), 'counts': counts, 'folds': folds,
            'context': int(T), 'position': 'char-level: last character of the word; bpe: the word token'}
     for kind, per_layer in reps.items():
-        res[kind] = [probe_accuracy(Z.numpy(), y, folds=folds, seed=seed, max_iter=max_iter) for Z in per_layer]
+        res[kind] = [probe_accuracy(Z.numpy(), y, folds=folds, seed=seed, max_iter=max_iter)
+                     for Z in tqdm(per_layer, desc=f'probing {kind}', unit='layer', leave=False, disable=None)]
     return res
