@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from model import GPT, GPTConfig
 
 from . import completep
-from .completep import CompleteP
+from .completep import DEPTH_SCALINGS, CompleteP  # noqa: F401 (DEPTH_SCALINGS: train.py's)
 
 # The registry: one line per relative, in the order of their options, weights and random draws (their
 # checkpoint keys and the RNG order follow it). Each file declares everything about its relative in RELATIVE
@@ -39,15 +39,6 @@ from .moda import RELATIVE as MODA
 from .muddformer import RELATIVE as MUDDFORMER
 from .depth_attention import RELATIVE as DEPTH_ATTENTION
 RELATIVES = tuple(r for r in globals().values() if isinstance(r, Relative))  # the lines above, in order
-
-# The names other code reaches through the package (each relative's own names: relatives.<its file>.<name>)
-from .base import Stream, fp32  # noqa: E402, F401
-from .completep import COMPLETEP_ALPHA, DEPTH_SCALINGS, depth_multiplier, depth_scaled  # noqa: E402, F401
-from .hyper_connections import MHC, DynamicMHC, HyperConnection, HyperStreams, sinkhorn  # noqa: E402, F401
-from .denseformer import DenseStream, DepthWeightedAverage  # noqa: E402, F401
-from .attnres import ATTNRES, AttnRes, DepthStream, attnres_block_sublayers  # noqa: E402, F401
-from .moda import DepthKV, MoDAStream  # noqa: E402, F401
-from .muddformer import MUDDConnection, MUDDStream, mudd_shape  # noqa: E402, F401
 
 OPTIONS = {name: default for r in RELATIVES for name, default in r.options.items()}  # all off
 

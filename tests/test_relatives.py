@@ -91,7 +91,7 @@ def test_attnres_matches_the_equation(n_layer, attnres, m):
     """The model's two-phase AttnRes against the naive one: logits and every gradient (pseudo-queries,
     key gains, the final blend's, every projection, the embedding)."""
     model = scramble(build(n_layer=n_layer, attnres=attnres))
-    assert R.attnres_block_sublayers(attnres, n_layer) == m
+    assert R.attnres.attnres_block_sublayers(attnres, n_layer) == m
     assert_matches(model, lambda model, x, y: naive_attnres(model, x, y, m)[:2])
 
 
@@ -155,13 +155,13 @@ def test_sinkhorn_gives_the_doubly_stochastic_scaling_of_exp():
     but not this)."""
     torch.manual_seed(0)
     logits = torch.randn(5, 3, 4, 4, dtype=torch.float64)
-    P = R.sinkhorn(logits)
+    P = R.hyper_connections.sinkhorn(logits)
     assert P.min() > 0
     assert (P.sum(-1) - 1).abs().max() <= 1e-5 and (P.sum(-2) - 1).abs().max() <= 1e-12
     X = P.log() - logits  # log r_i + log c_j: double-centred, nothing is left
     X = X - X.mean(-1, keepdim=True) - X.mean(-2, keepdim=True) + X.mean((-2, -1), keepdim=True)
     assert X.abs().max() <= 1e-10
-    torch.testing.assert_close(R.sinkhorn(logits + 100.0), P)  # the shift before exp cancels
+    torch.testing.assert_close(R.hyper_connections.sinkhorn(logits + 100.0), P)  # the shift before exp cancels
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -184,7 +184,7 @@ def test_every_mhc_residual_matrix_is_doubly_stochastic(dynamic, monkeypatch):
         assert res.min() >= 0
         assert (res.sum(-1) - 1).abs().max() <= 1e-5 and (res.sum(-2) - 1).abs().max() <= 1e-5
         assert 0 < alpha[..., 0].min() and alpha[..., 0].max() < 1 and 0 < beta.min() and beta.max() < 2
-    monkeypatch.setattr(R.sinkhorn, "__defaults__", (1,))
+    monkeypatch.setattr(R.hyper_connections.sinkhorn, "__defaults__", (1,))
     alpha, _ = model.transformer.h[1].hc_mlp.coefficients(torch.randn(2, 16, 4, 32))
     assert (alpha[..., 1:].sum(-1) - 1).abs().max() > 1e-3
 
@@ -198,7 +198,7 @@ def test_mhc_without_its_constraint_is_hc(dynamic):
     x = torch.randint(0, V, (2, 16))
     assert (mhc(x, x)[0] - hc(x, x)[0]).abs().max() > 1e-3
     for module in mhc.modules():
-        if isinstance(module, R.HyperConnection):
+        if isinstance(module, R.hyper_connections.HyperConnection):
             module.mhc = False
     assert torch.equal(mhc(x, x)[0], hc(x, x)[0])
 
@@ -477,7 +477,7 @@ def test_mixing_runs_in_float32_under_bf16_autocast(kw, monkeypatch):
         return torch.stack(reads + [out.float()])
 
     reads, ys = [], None
-    monkeypatch.setattr(R.MUDDStream, "attention", lambda self, attn, x_q, *args: attn(x_q))  # MUDD: a sub-layer
+    monkeypatch.setattr(R.muddformer.MUDDStream, "attention", lambda self, attn, x_q, *args: attn(x_q))  # MUDD: a sub-layer
     with torch.no_grad():
         want = run()
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -745,12 +745,12 @@ def test_moda_init_and_counts():
     w = torch.cat([b.mlp.moda_kv.weight.flatten() for b in moda.transformer.h[:-1]])
     assert abs(w.std().item() - 0.02) < 0.002
     x = torch.randint(0, V, (2, T))
-    depth_reads, attend = [], R.DepthKV.attend
+    depth_reads, attend = [], R.moda.DepthKV.attend
     def spy(self, attn, q, *args):  # records the depth keys each attention layer reads
         depth_reads.append(q.numel() * len(self.k))  # (queries x d_h) x depth keys
         return attend(self, attn, q, *args)
     with FlopCounterMode(display=False) as counter, pytest.MonkeyPatch.context() as mp:
-        mp.setattr(R.DepthKV, "attend", spy)
+        mp.setattr(R.moda.DepthKV, "attend", spy)
         moda(x, x)
     assert len(depth_reads) == L and depth_reads[0] == 0  # layer 0 has no earlier sub-layer
     assert counter.get_total_flops() + 2 * 2 * sum(depth_reads) == moda.flops_per_token(T) * 2 * T  # logits, values
@@ -1049,7 +1049,7 @@ def test_completep_scales_every_sub_layer_output_by_base_over_depth(kw):
     its naive form with every source scaled), logits and every gradient; the standard model is not that function."""
     model = scramble(build(**completep(depth_base=2, **kw)))
     if kw.get("attnres"):
-        m = R.attnres_block_sublayers(kw["attnres"], 4)
+        m = R.attnres.attnres_block_sublayers(kw["attnres"], 4)
         reference = lambda model, x, y: naive_attnres(model, x, y, m, branch=0.5)[:2]  # noqa: E731
     else:
         reference = lambda model, x, y: naive_completep(model, x, y, branch=0.5)  # noqa: E731
