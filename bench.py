@@ -29,6 +29,7 @@ from nanolime.common import (UserError, autocast, configure, device_peak_flops, 
 from nanolime.checkpoint import atomic_write, writable_dir
 from nanolime.variants import VARIANT_PLAIN, parse_variant
 import torch
+from tqdm import tqdm
 import relatives
 
 # ----------------------------------------------------------------------------- config
@@ -221,7 +222,9 @@ def run_setting(sname, n_kv, mode, names, shape, batches, dev, ctx, peak, save=l
             live[name] = r = dict(model=build_model(name, shape, seed, dev, state), times=[])
             r['fwd'] = torch.compile(r['model'], fullgraph=True, mode=mode) if mode else r['model']
             r['opt'] = r['model'].configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.95), dev.type)  # App. A
-        for i in range(warmup):  # the first step compiles: report a failure, keep the other variants
+        rounds = dict(unit='round', leave=False, disable=None)  # a bar on a terminal only
+        for i in tqdm(range(warmup), desc=f'{sname}: warm-up', **rounds):  # the first step compiles: a
+            # failure is reported, the other variants kept
             for name, r in list(live.items()):
                 try:
                     t0 = time.perf_counter()
@@ -244,7 +247,7 @@ def run_setting(sname, n_kv, mode, names, shape, batches, dev, ctx, peak, save=l
         gc.collect()
         gc.disable()  # no collector pauses inside timed steps
         try:
-            for i in range(warmup, warmup + iters):
+            for i in tqdm(range(warmup, warmup + iters), desc=f'{sname}: timed', **rounds):
                 for r in live.values():
                     t0 = time.perf_counter()  # the device is idle here: the last step ended in .item()
                     r['loss'] = train_step(r, *batches[i], ctx, mode).item()  # waits for the device

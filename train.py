@@ -15,10 +15,10 @@ import sys
 import gc
 import json
 import importlib.util
-import inspect
 import math
 import time
 import dataclasses
+from functools import partial
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
 from nanolime.common import UserError, configure, check_ranges, resolve_device, resolve_dtype, autocast, ddp_env, \
@@ -31,6 +31,7 @@ from nanolime.optim import configure_optimizers
 import numpy as np
 import torch
 import torch.distributed as dist
+import relatives
 from relatives import RelativesConfig, build_model, DEPTH_SCALINGS  # model.py's GPT, or a relative's extension of it
 from nanolime.variants import variant_name
 from nanolime import fsdp as sharding
@@ -71,16 +72,9 @@ norm_eps = 1e-6            # RMSNorm's eps
 lime = True                # the paper's method; False: the Llama baseline
 router = 'full'            # full, average, dynamic, last-<j>, first-<j>
 router_init = 'paper'      # 'paper' (the authors' init) or 'identity' (LIMe starts as the baseline function)
-hc = 0                     # Hyper-Connections expansion rate (0: off; the paper uses 4)
-hc_dynamic = False
-mhc = ''                   # mHC (with hc; for comparison): 'dynamic' (the paper's), 'static' (HC's weights constrained)
-denseformer = False        # DenseFormer's learned average of earlier block outputs (for comparison)
-attnres = ''               # Attention Residuals (for comparison): '' (off), 'full', 'block', 'block-<m>'
-mudd = False               # MUDDFormer's per-token dense mixes into each block's q, k, v and residual (for comparison)
-mudd_prepost = False       # with mudd: MUDDFormer's PrePostDANorm (its paper's fix for deep-narrow models)
-moda = False               # MoDA (for comparison): attention also reads earlier sub-layers' keys at each position
-depth_attention = False    # Depth-Attention (for comparison): each layer's query mixes earlier layers' values
-depth_attention_stride = 0  # its source layers 0, s, 2s, ...; 0: n_layer // 2 (the authors' configs; their code: 1)
+# the cross-layer relatives LIMe is compared with (hc, mhc, denseformer, attnres, mudd, ...), all
+# off: each relative's options are declared, with what they do, in its file (relatives/<name>.py)
+globals().update(relatives.OPTIONS)
 # depth scaling: 'standard' (the paper's model) or 'completep' (CompleteP, arXiv 2505.01618: each attention and MLP
 # output times depth_base / n_layer, AdamW's eps too, so that one learning rate transfers across depth; with the
 # baseline, lime or attnres; AdamW only; relatives/completep.py, docs/deviations.md)
@@ -166,10 +160,9 @@ device = resolve_device(device)  # an indexed 'cuda:N' on CUDA: cuda:LOCAL_RANK 
 device_type = device.split(':')[0]
 ptdtype = resolve_dtype(dtype, device)
 ctx = autocast(device, ptdtype)
-# the model's variant name, from every option variant_name takes (by name: a relative's option is not left out)
-model_variant = variant_name(**{k: globals()[k] for k in inspect.signature(variant_name).parameters})
+model_variant = variant_name(config)  # the name bench.py and sweep.py give this model
 if fsdp:
-    sharding.check(ddp, optimizer, model_variant, depth_scaling, ptdtype)
+    sharding.check(ddp, optimizer, config, ptdtype)
 use_compile = (device_type == 'cuda') if compile == 'auto' else compile
 if device_type == 'cuda':
     torch.cuda.set_device(device)
@@ -201,7 +194,7 @@ optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
 scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
 if ckpt is not None:  # their states (and the scaler's), with this run's settings
     load_optimizers(optimizers, scaler, ckpt, ckpt_path, changes,
-                    sharding.sharded_optimizer_state if fsdp else None)
+                    partial(sharding.sharded_optimizer_state, model) if fsdp else None)
 if check_only:  # sweep.py checks each of its runs so
     print(json.dumps(config))
     sys.exit(0)

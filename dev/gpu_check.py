@@ -50,7 +50,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 
-STAGE_NEEDS = ('torch', 'numpy', 'tiktoken', 'tqdm', 'pytest', 'xdist')  # what the stages import (not datasets nor matplotlib)
+STAGE_NEEDS = ('torch', 'numpy', 'scipy', 'tiktoken', 'tqdm', 'pytest', 'xdist')  # what the stages import (not datasets nor matplotlib)
 
 
 def missing_requirements():

@@ -8,7 +8,7 @@ plus the weights of the block being computed).
     shard(model, ptdtype, use_compile)    # after the weights are loaded, before the optimizer is made of them
     clip_grad_norm_(params, max_norm)     # the total norm over every rank's shards
     full_state_dicts(model, optimizers)   # the checkpoint as one process writes it, gathered to rank 0
-    sharded_optimizer_state(opt, state)   # such a checkpoint's optimizer state, cut into this rank's shards
+    sharded_optimizer_state(model, opt, state)  # such a checkpoint's optimizer state, in this rank's shards
 
 How the model is cut: one unit per Block, gathered just before the block runs and freed after; the rest in the
 root unit, gathered for the whole forward. The rest is the token embedding (the output head is the same tensor
@@ -25,21 +25,29 @@ import math
 import torch
 from torch import nn
 
+import relatives
 from nanolime.common import UserError
+from nanolime.variants import named
 
 
-def check(ddp, optimizer, variant, depth_scaling, dtype):
-    """UserError, the same on every rank, for what FSDP does not run here: outside torchrun, Muon, the relatives
-    (only model.GPT's baseline and LIMe are sharded), float16 (its GradScaler would see one rank's shards)."""
+def check(ddp, optimizer, config, dtype):
+    """UserError, the same on every rank, for what FSDP does not run here: outside torchrun, Muon, a
+    relative that its file does not declare shardable (relatives/base.py: none is; model.GPT's
+    baseline and LIMe are), CompleteP, float16 (its GradScaler would see one rank's shards).
+    config: the run's options (train.py's)."""
     if not ddp:
         raise UserError("fsdp=True shards the model over torchrun's ranks: start it with torchrun (torchrun "
                         "--standalone --nproc_per_node=N train.py ... --fsdp=True), or drop --fsdp=True")
     if optimizer != 'adamw':
         raise UserError(f"fsdp=True trains with optimizer='adamw' only, not {optimizer!r}: use --optimizer=adamw, "
                         "or DDP (drop --fsdp=True)")
-    relatives = [part for part in variant.split('@')[0].split('+') if part.split(':')[0] not in ('baseline', 'lime')]
-    if relatives or depth_scaling != 'standard':
-        what = ' and '.join(relatives + ([f"depth_scaling={depth_scaling!r}"] if depth_scaling != 'standard' else []))
+    depth_scaling = config['depth_scaling']
+    unsharded = [part for r in relatives.RELATIVES if config[relatives.switch(r)] and not r.fsdp
+                 for part in named(r.components, config) or [relatives.switch(r)]]  # variant_name's
+    if depth_scaling != 'standard':
+        unsharded.append(f"depth_scaling={depth_scaling!r}")
+    if unsharded:
+        what = ' and '.join(unsharded)
         raise UserError(f"fsdp=True shards the baseline and LIMe only, not {what}: train it with DDP "
                         "(drop --fsdp=True)")
     if dtype == torch.float16:
@@ -125,58 +133,54 @@ def clip_grad_norm_(params, max_norm):
     return total
 
 
-@torch.no_grad()
+def checkpoint_state():
+    """torch.distributed.checkpoint.state_dict (imported when first used: it takes seconds), and its
+    options for the state one process has: full tensors, on the CPU, gathered to rank 0 or sent from
+    it to every rank."""
+    from torch.distributed.checkpoint import state_dict
+    return state_dict, state_dict.StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                   broadcast_from_rank0=True)
+
+
 def full_state_dicts(model, optimizers):
-    """(model.state_dict(), [opt.state_dict() for opt in optimizers]) as one process would return them: full
-    tensors, on the CPU, on rank 0; None on the other ranks. Collective: every rank calls it, and each tensor is
-    gathered in turn, so rank 0 holds one full copy of model and optimizer state (in CPU memory), the GPU one
-    tensor at a time. A tied weight is gathered once and saved once (both names hold it, as in state_dict())."""
-    rank0 = torch.distributed.get_rank() == 0
-    gathered = {}  # id of a sharded tensor -> its full tensor (rank 0) or None
-
-    def full(t):
-        if not hasattr(t, 'full_tensor'):  # a tensor every rank holds whole (AdamW's step count)
-            return t
-        if id(t) not in gathered:
-            whole = t.detach().full_tensor()
-            gathered[id(t)] = whole.cpu() if rank0 else None
-        return gathered[id(t)]
-
-    model_state = {name: full(t) for name, t in model.state_dict(keep_vars=True).items()}  # the parameters
-    optimizer_states = []
-    for opt in optimizers:
-        state = opt.state_dict()
-        state['state'] = {i: {k: full(v) for k, v in state['state'][i].items()} for i in sorted(state['state'])}
-        optimizer_states.append(state)
-    return (model_state, optimizer_states) if rank0 else None
+    """(model.state_dict(), [opt.state_dict() for opt in optimizers]) as one process would return them:
+    full tensors, on the CPU, on rank 0; None on the other ranks. Collective: every rank calls it, and
+    each tensor is gathered in turn, so rank 0 holds one full copy of model and optimizer state (in CPU
+    memory), the GPU one tensor at a time. A tied weight is saved once (both names hold it, as in
+    state_dict())."""
+    dcp, full = checkpoint_state()
+    model_state = dcp.get_model_state_dict(model, options=full)
+    states = [dcp.get_optimizer_state_dict(model, opt, options=full) for opt in optimizers]
+    if torch.distributed.get_rank():
+        return None
+    if model.config.tie_embeddings:
+        model_state['lm_head.weight'] = model_state['transformer.wte.weight']
+    return model_state, [renamed(state, {n: i for i, n in enumerate(names(model, opt))})
+                         for opt, state in zip(optimizers, states)]
 
 
-def sharded_optimizer_state(opt, state):
-    """state, a full optimizer state dict (a checkpoint's, from any run), with each tensor shaped like its
-    parameter cut into this rank's shard, for opt (made of the sharded parameters): opt.load_state_dict of it
-    resumes exactly."""
-    from torch.distributed.tensor import DTensor
-    params = [p for group in opt.param_groups for p in group['params']]
-    per_param = {}
-    for i, saved in state['state'].items():
-        p = params[i]
-        per_param[i] = {k: DTensor.from_local(_shard_of(v, p), p.device_mesh, p.placements, run_check=False,
-                                              shape=p.shape, stride=p.stride())
-                        if isinstance(p, DTensor) and torch.is_tensor(v) and v.shape == p.shape else v
-                        for k, v in saved.items()}
-    return {**state, 'state': per_param}
+def sharded_optimizer_state(model, opt, state):
+    """opt, made of model's sharded parameters, loaded with `state`, a full optimizer state dict (a
+    checkpoint's, from any run): rank 0's, sent to every rank, each keeping its shards. Returns
+    opt.state_dict(), which opt.load_state_dict takes as it is. Collective. ValueError for a state
+    of other parameter groups."""
+    sizes = [[len(g['params']) for g in s['param_groups']] for s in (state, opt.state_dict())]
+    if sizes[0] != sizes[1]:
+        raise ValueError("its groups hold other numbers of parameters")
+    dcp, full = checkpoint_state()
+    dcp.set_optimizer_state_dict(model, opt, renamed(state, names(model, opt)), options=full)
+    return opt.state_dict()
 
 
-def _shard_of(full, p):
-    """This rank's part of `full`, a tensor of p's shape, as p (a DTensor sharded on dim 0) is cut: torch.chunk's
-    pieces over the ranks, empty for a rank past the last piece."""
-    (placement,) = p.placements
-    mesh = p.device_mesh
-    rank, ranks = mesh.get_local_rank(), mesh.size()
-    pieces = torch.chunk(full, ranks, dim=placement.dim)
-    piece = pieces[rank] if rank < len(pieces) else full.narrow(placement.dim, 0, 0)
-    ours = local(p)
-    if piece.shape != ours.shape:  # another cut than this function knows (a newer torch's): not resumed wrongly
-        raise UserError(f"cannot cut a checkpoint tensor of shape {tuple(full.shape)} into this rank's shard "
-                        f"{tuple(ours.shape)}: resume this run without --fsdp=True")
-    return piece.to(device=ours.device, dtype=ours.dtype).contiguous()
+def names(model, opt):
+    """The name of each of opt's parameters in model, in opt's order: torch.distributed.checkpoint
+    keys an optimizer's state by these names, where opt.state_dict() numbers the parameters."""
+    name = {p: n for n, p in model.named_parameters()}
+    return [name[p] for group in opt.param_groups for p in group['params']]
+
+
+def renamed(state, new):
+    """An optimizer state dict, each parameter's key k replaced by new[k]: numbers to names, or
+    back."""
+    return {'state': {new[k]: s for k, s in state['state'].items()}, 'param_groups': [
+        {**group, 'params': [new[k] for k in group['params']]} for group in state['param_groups']]}

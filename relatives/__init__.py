@@ -17,7 +17,7 @@ RelativesConfig is GPTConfig plus every relative's options (all off: GPTConfig's
 the relatives' weights added after the baseline's (attach: none drawn from the RNG; then reset_parameters: random
 weights, drawn after the baseline's and LIMe's, so one seed gives every variant the baseline's weights), its blocks
 run on the relative's stream (run_blocks, through stream(model, x)), and the mixing's FLOPs added (flops).
-build_model(config) is model.GPT when no relative is on. What each relative's file exports: relatives/base.py.
+build_model(config) is model.GPT when no relative is on. What each relative's file declares: relatives/base.py.
 The mixing runs in float32 even under bf16 autocast (the streams are kept in float32, as the baseline's residual
 sum is): rounding the stream to bf16 at every sub-layer would lose what the sub-layers add.
 """
@@ -26,28 +26,21 @@ from dataclasses import dataclass
 from model import GPT, GPTConfig
 
 from . import completep
-from .completep import CompleteP
+from .completep import DEPTH_SCALINGS, CompleteP  # noqa: F401 (DEPTH_SCALINGS: train.py's)
 
-# The registry: one line per relative, in the order of their options, weights and random draws (their checkpoint
-# keys and the RNG order follow it). Each file exports RELATIVE (relatives/base.py says what that holds).
+# The registry: one line per relative, in the order of their options, weights and random draws (their
+# checkpoint keys and the RNG order follow it). Each file declares everything about its relative in RELATIVE
+# (relatives/base.py says what that holds): a new relative is a file and a line here.
+from .base import Relative
 from .hyper_connections import RELATIVE as HYPER_CONNECTIONS
 from .denseformer import RELATIVE as DENSEFORMER
 from .attnres import RELATIVE as ATTENTION_RESIDUALS
 from .moda import RELATIVE as MODA
 from .muddformer import RELATIVE as MUDDFORMER
 from .depth_attention import RELATIVE as DEPTH_ATTENTION
-RELATIVES = (HYPER_CONNECTIONS, DENSEFORMER, ATTENTION_RESIDUALS, MODA, MUDDFORMER, DEPTH_ATTENTION)
+RELATIVES = tuple(r for r in globals().values() if isinstance(r, Relative))  # the lines above, in order
 
-# The names other code reaches through the package (each relative's own names: relatives.<its file>.<name>)
-from .base import Stream, fp32  # noqa: E402, F401
-from .completep import COMPLETEP_ALPHA, DEPTH_SCALINGS, depth_multiplier, depth_scaled  # noqa: E402, F401
-from .hyper_connections import MHC, DynamicMHC, HyperConnection, HyperStreams, sinkhorn  # noqa: E402, F401
-from .denseformer import DenseStream, DepthWeightedAverage  # noqa: E402, F401
-from .attnres import ATTNRES, AttnRes, DepthStream, attnres_block_sublayers  # noqa: E402, F401
-from .moda import DepthKV, MoDAStream  # noqa: E402, F401
-from .muddformer import MUDDConnection, MUDDStream, mudd_attention, mudd_shape  # noqa: E402, F401
-
-OPTIONS = tuple(name for relative in RELATIVES for name in relative.options)  # every relative's options
+OPTIONS = {name: default for r in RELATIVES for name, default in r.options.items()}  # all off
 
 
 def switch(relative):
@@ -101,11 +94,14 @@ class RelativesGPT(GPT):
         super().__init__(config)  # the baseline's weights and LIMe's routers, drawn as in model.GPT
         attach(self)              # the relative's weights: fixed init, no RNG draw
         reset_parameters(self)    # the relative's random weights, drawn last
+        self.stream_hooks = []    # probes of the stream (relatives/base.py's Stream)
 
     def run_blocks(self, x, kv_stack=None, cache=None):
         s = stream(self, x)  # a relative's residual stream for this pass, or None: the plain residual sum
-        return super().run_blocks(x, kv_stack, cache) if s is None else s.run(self.transformer.h, self.rope,
-                                                                               kv_stack, cache)
+        if s is None:
+            return super().run_blocks(x, kv_stack, cache)
+        s.hooks = self.stream_hooks
+        return s.run(self.transformer.h, self.rope, kv_stack, cache)
 
     def flops_per_token(self, seq_len=None):
         return super().flops_per_token(seq_len) + flops(self.config, seq_len or self.config.block_size)
@@ -119,6 +115,11 @@ def check(config):
     """ValueError for a combination that does not make sense; LIMe combines with every stream."""
     for relative in RELATIVES:
         relative.check(config)
+        others = ["lime"] * bool(config.lime) + [switch(r) for r in RELATIVES
+                                                 if r is not relative and on(r, config)]
+        if relative.alone and on(relative, config) and others:
+            raise ValueError(f"{switch(relative)} is {relative.alone}: use it alone, without "
+                             f"{' or '.join(others)}")
     rewiring = [switch(r) for r in RELATIVES if r.rewires_stream]
     if sum(on(r, config) for r in RELATIVES if r.rewires_stream) > 1:
         raise ValueError(f"{', '.join(rewiring[:-1])} and {rewiring[-1]} each rewire the residual stream; "

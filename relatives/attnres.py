@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import Relative, Stream, fp32, nothing
+from .base import Component, Relative, Stream, fp32
 
 ATTNRES = "full, block, block-<m>"
 OPTIONS = dict(
@@ -126,4 +126,7 @@ class DepthStream(Stream):
         return self.read()  # the final blend: one more read, with its own query, over every source
 
 
-RELATIVE = Relative(OPTIONS, check, attach, nothing, stream, flops, rewires_stream=True, with_completep=True)
+RELATIVE = Relative(
+    family=lambda config: f"AttnRes-{config.attnres}", options=OPTIONS, stream=stream, flops=flops,
+    check=check, attach=attach, rewires_stream=True, with_completep=True,
+    components={"attnres": Component({"attnres": "full"}, mode="attnres")})  # attnres:block, ...

@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-from .base import Relative, Stream, fp32, nothing
+from .base import Component, Relative, Stream, fp32
 
 OPTIONS = dict(
     denseformer=False,  # a learned weighted average of all earlier block outputs after each block
@@ -59,4 +59,6 @@ class DenseStream(Stream):
         return self.x
 
 
-RELATIVE = Relative(OPTIONS, nothing, attach, nothing, stream, flops, rewires_stream=True, with_completep=False)
+RELATIVE = Relative(
+    family=lambda config: "DenseFormer", options=OPTIONS, stream=stream, flops=flops, attach=attach,
+    rewires_stream=True, components={"denseformer": Component({"denseformer": True})})

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from .base import Relative, Stream, nothing
+from .base import Component, Relative, Stream
 
 OPTIONS = dict(
     depth_attention=False,     # each layer's query also scores same-position keys of earlier layers, mixes their values
@@ -29,10 +29,6 @@ def check(config):
         raise ValueError(f"depth_attention_stride={config.depth_attention_stride} must be >= 1, or 0 for n_layer // 2")
     if config.depth_attention_stride and not config.depth_attention:
         raise ValueError("depth_attention_stride picks Depth-Attention's source layers: set depth_attention too")
-    if config.depth_attention and (config.lime or config.hc or config.denseformer or config.attnres or config.mudd
-                                   or config.moda):
-        raise ValueError("depth_attention is another way to read earlier layers (their keys and values, by "
-                         "attention); use it alone, without lime, hc, denseformer, attnres, mudd or moda")
 
 
 def stride(config):
@@ -66,16 +62,14 @@ class DepthAttentionStream(Stream):
         self.keys, self.values = [], []  # (B, T, H_kv, d_h) each, the source layers in order
 
     def block(self, block, rope, kv_stack, cache):
-        attn, x = block.attn, block.ln_1(self.x)
-        B, T, _ = x.shape
-        q = attn.q_proj(x).view(B, T, attn.n_head, attn.head_dim)
-        k, v = attn.kv_proj(x).view(B, T, 2, attn.n_kv_head, attn.head_dim).unbind(2)  # (B, T, H_kv, d_h) each
+        attn = block.attn
+        q, k, v = attn.qkv(block.ln_1(self.x))  # (B, T, H, d_h), (B, T, H_kv, d_h) x 2
         if self.keys:
             v = self.mix(q, k, v)
         if attn.layer % self.stride == 0:  # a source for the layers above
             self.keys.append(k)
             self.values.append(v)
-        self.x = self.x + attn.resid_dropout(attn.o_proj(attn.attend(q, k, v, rope, cache)))
+        self.x = self.x + attn.out(attn.attend(q, k, v, rope, cache))
         self.x = self.x + block.mlp(block.ln_2(self.x))
 
     def mix(self, q, k, v):
@@ -92,4 +86,7 @@ class DepthAttentionStream(Stream):
         return self.x
 
 
-RELATIVE = Relative(OPTIONS, check, nothing, nothing, stream, flops, rewires_stream=False, with_completep=False)
+RELATIVE = Relative(
+    family=lambda config: "Depth-Attention", options=OPTIONS, stream=stream, flops=flops,
+    check=check, components={"depthattn": Component({"depth_attention": True})},
+    alone="another way to read earlier layers (their keys and values, by attention)")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from model import zero_linear
 
-from .base import Relative, Stream, fp32, nothing
+from .base import Component, Relative, Stream, fp32
 
 MHC = "'' (off), 'dynamic' (the paper's), 'static'"
 OPTIONS = dict(
@@ -30,6 +30,13 @@ def check(config):
         raise ValueError("hc_dynamic makes Hyper-Connections dynamic: set hc too, e.g. hc=4")
     if config.hc_dynamic and config.mhc == "dynamic":
         raise ValueError("mhc='dynamic' is dynamic already (the paper's maps); hc_dynamic is for hc and mhc='static'")
+
+
+def family(config):
+    """Its name in analyses: HC, HC-dynamic, mHC-dynamic, mHC-static, mHC-static-hc_dynamic."""
+    if config.mhc:
+        return f"mHC-{config.mhc}" + ("-hc_dynamic" if config.hc_dynamic else "")
+    return "HC" + ("-dynamic" if config.hc_dynamic else "")
 
 
 def attach(model):
@@ -173,4 +180,8 @@ def sinkhorn(logits, iters=SINKHORN_ITERS):
     return M
 
 
-RELATIVE = Relative(OPTIONS, check, attach, nothing, stream, flops, rewires_stream=True, with_completep=False)
+RELATIVE = Relative(
+    family=family, options=OPTIONS, stream=stream, flops=flops, check=check, attach=attach,
+    rewires_stream=True, components={  # hc, hc8, hc:dynamic; mhc, mhc:static, mhc+hc8 (8 streams)
+        "hc": Component({"hc": 4}, mode="hc_dynamic", word="dynamic", number="hc"),
+        "mhc": Component({"hc": 4, "mhc": "dynamic"}, mode="mhc")})

@@ -8,17 +8,11 @@ import torch.nn.functional as F
 
 from model import zero_linear
 
-from .base import Relative, Stream
+from .base import Component, Relative, Stream
 
 OPTIONS = dict(
     moda=False,  # attention also reads every earlier sub-layer's key and value at the same position
 )
-
-
-def check(config):
-    if config.moda and (config.lime or config.hc or config.denseformer or config.attnres or config.mudd):
-        raise ValueError("moda is another way to read earlier layers (their keys and values, by attention); "
-                         "use it alone, without lime, hc, denseformer, attnres or mudd")
 
 
 def attach(model):
@@ -53,11 +47,9 @@ class MoDAStream(Stream):
         self.x, self.depth = x, DepthKV()
 
     def block(self, block, rope, kv_stack, cache):
-        attn, x = block.attn, block.ln_1(self.x)
-        B, T, _ = x.shape
-        q = attn.q_proj(x).view(B, T, attn.n_head, attn.head_dim).transpose(1, 2)  # (B, H, T, d_h)
-        k, v = attn.kv_proj(x).view(B, T, 2, attn.n_kv_head, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        self.x = self.x + attn.resid_dropout(attn.o_proj(self.depth.attend(attn, q, k, v, rope, cache)))
+        attn = block.attn
+        q, k, v = (t.transpose(1, 2) for t in attn.qkv(block.ln_1(self.x)))  # (B, heads, T, d_h)
+        self.x = self.x + attn.out(self.depth.attend(attn, q, k, v, rope, cache))
         x = block.ln_2(self.x)
         self.depth.write_mlp(block.mlp, x)  # this MLP's input, projected, is its depth key and value
         self.x = self.x + block.mlp(x)
@@ -121,5 +113,7 @@ class DepthKV:
         return y.reshape(B, H, T, d_h).transpose(1, 2).reshape(B, T, H * d_h)
 
 
-RELATIVE = Relative(OPTIONS, check, attach, reset_parameters, stream, flops, rewires_stream=False,
-                    with_completep=False)
+RELATIVE = Relative(
+    family=lambda config: "MoDA", options=OPTIONS, stream=stream, flops=flops, attach=attach,
+    reset_parameters=reset_parameters, components={"moda": Component({"moda": True})},
+    alone="another way to read earlier layers (their keys and values, by attention)")

@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import Relative, Stream, fp32
+from .base import Component, Relative, Stream, fp32
 
 OPTIONS = dict(
     mudd=False,          # a block's q, k, v, residual inputs per-token mixes of earlier block outputs
@@ -125,8 +125,8 @@ class MUDDStream(Stream):
             y = block.attn(block.ln_1(x_q), rope, kv_stack, cache)
         else:  # its key and value inputs through their own norms
             connection = self.connections[i - 1]
-            y = mudd_attention(block.attn, block.ln_1(x_q), connection.ln_k(x_k), connection.ln_v(x_v),
-                               rope, kv_stack, cache)
+            x_q, x_k, x_v = block.ln_1(x_q), connection.ln_k(x_k), connection.ln_v(x_v)
+            y = self.attention(block.attn, x_q, x_k, x_v, rope, kv_stack, cache)
         h = x_r + y.float()
         out = h + block.mlp(block.ln_2(h)).float()
         connection = self.connections[i]
@@ -142,18 +142,27 @@ class MUDDStream(Stream):
     def output(self):
         return self.inputs[-1]  # after the last block, the final mix
 
+    def attention(self, attn, x_q, x_k, x_v, rope, kv_stack, cache):
+        """model.Attention with its own query, key and value inputs (B, T, d), three where
+        Attention.qkv projects one: the query through q_proj, keys and values through kv_proj's two
+        halves. Returns the attention's output (B, T, d)."""
+        q = attn.q_proj(x_q).unflatten(-1, (attn.n_head, attn.head_dim))  # (B, T, H, d_h)
+        heads, (w_k, w_v) = (attn.n_kv_head, attn.head_dim), attn.kv_proj.weight.chunk(2)
+        k = F.linear(x_k, w_k).unflatten(-1, heads)  # (B, T, H_kv, d_h)
+        v = F.linear(x_v, w_v).unflatten(-1, heads)
+        for hook in self.hooks:
+            hook('kv', attn.layer, torch.stack((k, v), dim=2))
+        if kv_stack is not None:  # LIMe routes these keys and values as the baseline's
+            k, v = attn.routed_kv(x_q, k, v, kv_stack)
+        return attn.out(attn.attend(q, k, v, rope, cache))
 
-def mudd_attention(attn, x_q, x_k, x_v, rope, kv_stack, cache):
-    """model.Attention with its own query, key and value inputs (B, T, d): keys and values through kv_proj's two
-    halves. Returns the attention's output (B, T, d)."""
-    B, T, _ = x_q.shape
-    q = attn.q_proj(x_q).view(B, T, attn.n_head, attn.head_dim)
-    w_k, w_v = attn.kv_proj.weight.chunk(2)
-    k, v = (F.linear(x, w).view(B, T, attn.n_kv_head, attn.head_dim) for x, w in ((x_k, w_k), (x_v, w_v)))
-    if kv_stack is not None:  # LIMe routes these keys and values as the baseline's
-        k, v = attn.routed_kv(x_q, k, v, kv_stack)
-    return attn.out(attn.attend(q, k, v, rope, cache))
+
+def family(config):
+    """Its name in analyses: MUDD, or MUDD-PrePostDANorm."""
+    return "MUDD-PrePostDANorm" if config.mudd_prepost else "MUDD"
 
 
-RELATIVE = Relative(OPTIONS, check, attach, reset_parameters, stream, flops, rewires_stream=True,
-                    with_completep=False)
+RELATIVE = Relative(
+    family=family, options=OPTIONS, stream=stream, flops=flops, check=check, attach=attach,
+    reset_parameters=reset_parameters, rewires_stream=True,
+    components={"mudd": Component({"mudd": True}, mode="mudd_prepost", word="prepost")})

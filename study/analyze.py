@@ -43,13 +43,16 @@ import json
 import math
 import os
 import sys
+from types import SimpleNamespace
 
 # common first: a Ctrl-C in the seconds torch takes to load is then one line, not a traceback
 from nanolime.common import UserError, configure, resolve_device
 from nanolime.checkpoint import CKPT_NAME, load_checkpoint, load_model, read_log, writable_dir
 from nanolime.data import data_info, load_codec, prepare_hint
+from nanolime.variants import DEFAULTS
 import numpy as np
 import torch
+import relatives
 from study.representations import (Recorder, entropy_windows, find_word_positions, renyi_entropy, router_map,
                                    separability)
 
@@ -74,27 +77,15 @@ seed = 0
 
 
 def family(model_args):
-    """What a run is: 'LLaMA' (the baseline), 'LIMe', 'LIMe-first-2', 'mHC-dynamic', 'LIMe+DenseFormer', ..."""
+    """What a run is: 'LLaMA' (the baseline), 'LIMe', 'LIMe-first-2', 'mHC-dynamic',
+    'LIMe+DenseFormer', ...: each relative named by its file (relatives/). model_args: a
+    checkpoint's (load_checkpoint completes older ones)."""
     if not model_args:
         return 'unknown'
-    a, parts = model_args, []
-    if a.get('lime'):
-        r = a.get('router', 'full')
-        parts.append('LIMe' if r in (None, 'full') else f'LIMe-{r}')
-    mhc = {True: 'static', False: ''}.get(a.get('mhc'), a.get('mhc'))  # mhc was a flag for the static form
-    if a.get('hc') and mhc:
-        parts.append(f'mHC-{mhc}' + ('-hc_dynamic' if a.get('hc_dynamic') else ''))
-    elif a.get('hc'):
-        parts.append('HC' + ('-dynamic' if a.get('hc_dynamic') else ''))
-    if a.get('denseformer'):
-        parts.append('DenseFormer')
-    if a.get('attnres'):
-        parts.append(f"AttnRes-{a['attnres']}")
-    if a.get('mudd'):
-        parts.append('MUDD-PrePostDANorm' if a.get('mudd_prepost') else 'MUDD')
-    if a.get('moda'):
-        parts.append('MoDA')
-    depth = f" (CompleteP, L_base={a.get('depth_base')})" if a.get('depth_scaling', 'standard') != 'standard' else ''
+    a = SimpleNamespace(**{**DEFAULTS, **model_args})
+    parts = [('LIMe' if a.router in (None, 'full') else f'LIMe-{a.router}')] * bool(a.lime)
+    parts += [r.family(a) for r in relatives.RELATIVES if relatives.on(r, a)]
+    depth = f" (CompleteP, L_base={a.depth_base})" if a.depth_scaling != 'standard' else ''
     return ('+'.join(parts) or 'LLaMA') + depth
 
 

@@ -52,6 +52,7 @@ from nanolime.checkpoint import atomic_write, load_model, writable_dir
 from nanolime.data import ARITHMETIC_TIERS, DATA_DIR, arithmetic_tiers, dataset_dir, load_codec, prepare_hint
 import numpy as np
 import torch
+from tqdm import tqdm
 
 # config of the evaluator (python -m study.arithmetic --key=value); generation and prepare() take arguments
 out_dir = 'out-arithmetic'  # the run to evaluate: <out_dir>/ckpt.pt
@@ -327,10 +328,10 @@ def _valid_chain(line, bound=BOUND):
     return ok, len(parts) - 1
 
 
-def evaluate(model, lines, encode, decode, device='cpu', batch_size=256, block_size=None,
-             bound=BOUND, log_every=0):
-    """Greedy-decode `lines` (full reference lines) with the model's tokenizer (encode, decode).
-    Returns a results dict with accuracy per tier (= number of operators) and overall."""
+def evaluate(model, lines, encode, decode, device='cpu', batch_size=256, block_size=None, bound=BOUND):
+    """Greedy-decode `lines` (full reference lines) with the model's tokenizer (encode, decode), a
+    progress bar on a terminal. Returns a results dict with accuracy per tier (= number of operators)
+    and overall."""
     block_size = block_size or model.config.block_size
     items = []
     for line in lines:
@@ -343,7 +344,7 @@ def evaluate(model, lines, encode, decode, device='cpu', batch_size=256, block_s
         by_len.setdefault(len(it[0]), []).append(k)
     preds = [None] * len(items)
     newline = encode('\n')[0]  # a line ends there: decoding stops once every row of a batch has one
-    done = 0
+    bar = tqdm(total=len(items), desc='scoring', unit='expr', disable=None)  # None: on a terminal only
     for plen, ks in sorted(by_len.items()):
         max_new = block_size - plen
         for b in range(0, len(ks), batch_size):
@@ -352,9 +353,8 @@ def evaluate(model, lines, encode, decode, device='cpu', batch_size=256, block_s
             out = model.generate(idx, max_new, top_k=1, stop_token=newline).tolist()  # greedy
             for k, row in zip(chunk, out):
                 preds[k] = decode(row[plen:])  # may lack the newline if cut at block_size
-            done += len(chunk)
-            if log_every and done % log_every < len(chunk):
-                print(f'  {done}/{len(items)}')
+            bar.update(len(chunk))
+    bar.close()
     per_tier = {}
     examples = []
     for (prompt, expr, target, ref), gen in zip(items, preds):

@@ -11,8 +11,9 @@ import re
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
+
 from model import route_reference
-import relatives
 
 # ----------------------------------------------------------------------------- measures
 
@@ -116,8 +117,10 @@ def probe_accuracy(X, y, folds=5, seed=0, l2=1e-3, max_iter=100):
 class Recorder:
     """Forward hooks capturing, per layer, the values (W_V's output: the v half of attn.kv_proj),
     the routed values (what a static LIMe router makes attention read) and the block outputs: the
-    residual stream after each block, for a relative (relatives/) what its stream outputs there
-    (HC, mHC: the streams' sum; DenseFormer: the average; AttnRes: the mix of every output so far)."""
+    residual stream after each block. A relative's stream (relatives/) runs the blocks itself and
+    reports both to its hooks (relatives/base.py's Stream): what it outputs after each block (HC,
+    mHC: the streams' sum; DenseFormer: the average; AttnRes: the mix of every output so far), and
+    the values of MUDDFormer's attention, projected from its own value input."""
 
     def __init__(self, model):
         self.model, self.keep = model, None
@@ -125,28 +128,15 @@ class Recorder:
         for layer, block in enumerate(model.transformer.h):
             self.handles.append(block.attn.kv_proj.register_forward_hook(self._hook('kv', layer)))
             self.handles.append(block.register_forward_hook(self._hook('hidden', layer)))
-        self.handles.append(_StreamHook(self))  # a relative's stream runs the blocks itself: its own recording
+        self.stream_hooks = getattr(model, 'stream_hooks', [])  # relatives.RelativesGPT's
+        self.stream_hooks.append(self._stream_hook)
 
-    def record_stream(self, stream):
-        """A relative's stream (relatives.stream) that records, after each block, what the stream outputs
-        there, and for MUDDFormer the values its attention computes from its own value input."""
-        step, blocks = stream.block, list(self.model.transformer.h)
-
-        def block_step(block, *args):
-            layer = blocks.index(block)
-            if self.model.config.mudd and layer > 0:  # kv_proj's halves on the normed key and value inputs
-                connection, (_, x_k, x_v, _) = self.model.mudd[layer - 1], stream.inputs
-                w_k, w_v = block.attn.kv_proj.weight.chunk(2)
-                kv = torch.cat([connection.ln_k(x_k) @ w_k.T, connection.ln_v(x_v) @ w_v.T], dim=-1)
-                self._hook('kv', layer)(block.attn, None, kv)
-            step(block, *args)
-            self._hook('hidden', layer)(block, None, stream.output())
-        stream.block = block_step
-        return stream
+    def _stream_hook(self, kind, layer, x):
+        self._hook(kind, layer)(None, None, x)
 
     def _hook(self, kind, layer):
         def fn(module, inp, out):
-            if kind == 'kv':  # fused [k | v]: (B, T, 2 * H_kv * d_h)
+            if kind == 'kv':  # kv_proj's (B, T, 2 * H_kv * d_h), or a stream's (B, T, 2, H_kv, d_h)
                 n_kv = self.model.config.n_kv_head
                 out = out.view(*out.shape[:2], 2, n_kv, -1)
             out = out.detach()
@@ -164,7 +154,8 @@ class Recorder:
         self.store = {'kv': {}, 'hidden': {}}
         device = next(self.model.parameters()).device
         with torch.no_grad():
-            for i in range(0, len(windows), batch_size):
+            for i in tqdm(range(0, len(windows), batch_size), desc='recording', unit='batch', leave=False,
+                          disable=None):  # None: on a terminal only
                 self.keep = None if keep is None else keep[i:i + batch_size].to(device)
                 self.model(windows[i:i + batch_size].to(device))  # hooks see every position
         self.keep = None
@@ -180,22 +171,7 @@ class Recorder:
     def close(self):
         for h in self.handles:
             h.remove()
-
-
-class _StreamHook:
-    """While open, every stream relatives.stream makes for the recorder's model records (Recorder.record_stream);
-    remove() closes it, as a hook's handle does."""
-
-    def __init__(self, recorder):
-        self.make = make = relatives.stream
-
-        def stream(model, x):
-            stream = make(model, x)
-            return stream if stream is None or model is not recorder.model else recorder.record_stream(stream)
-        relatives.stream = stream
-
-    def remove(self):
-        relatives.stream = self.make
+        self.stream_hooks.remove(self._stream_hook)
 
 
 def routed_values(model, kv):
@@ -260,5 +236,6 @@ def separability(recorder, val, positions, T, max_per_word, folds=5, seed=0, max
     res = {'words': words, 'n_per_word': int(n_per), 'counts': counts, 'folds': folds,
            'context': int(T), 'position': 'char-level: last character of the word; bpe: the word token'}
     for kind, per_layer in reps.items():
-        res[kind] = [probe_accuracy(Z.numpy(), y, folds=folds, seed=seed, max_iter=max_iter) for Z in per_layer]
+        res[kind] = [probe_accuracy(Z.numpy(), y, folds=folds, seed=seed, max_iter=max_iter)
+                     for Z in tqdm(per_layer, desc=f'probing {kind}', unit='layer', leave=False, disable=None)]
     return res

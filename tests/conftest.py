@@ -96,6 +96,13 @@ def run(cmd, *args, env=None, timeout=600, **popen):
     return p
 
 
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal: where tqdm draws its progress bars (disable=None)."""
+
+    def isatty(self):
+        return True
+
+
 def ok(p):
     assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr}"
     assert 'Traceback' not in (p.stderr or '')

@@ -166,12 +166,14 @@ def test_completep_runs_are_a_family_of_their_own():
 
 
 @pytest.mark.parametrize('kw', [dict(attnres='full'), dict(hc=2, mhc='dynamic', lime=True), dict(denseformer=True),
-                                dict(mudd=True), dict(moda=True)], ids=str)
+                                dict(mudd=True), dict(moda=True), dict(depth_attention=True)], ids=str)
 def test_relatives_runs_are_named_and_analysed_through_their_stream(tmp_path, analyze_here, kw):
     """Runs are named by what they are, and a relative's residual stream after each block (what its stream
     outputs there) is analysed like the baseline's: one hidden state per layer, equal to that output."""
-    assert analyze.family({'hc': 4, 'mhc': True}) == 'mHC-static' and analyze.family({'attnres': 'block'}) == 'AttnRes-block'
-    assert analyze.family({'moda': True}) == 'MoDA'
+    assert analyze.family({'hc': 4, 'mhc': 'static'}) == 'mHC-static'
+    assert analyze.family({'attnres': 'block'}) == 'AttnRes-block' and analyze.family({'moda': True}) == 'MoDA'
+    assert analyze.family({'depth_attention': True}) == 'Depth-Attention'
+    assert analyze.family({'hc': 4, 'mhc': 'static', 'hc_dynamic': True}) == 'mHC-static-hc_dynamic'
     assert analyze.family({'lime': True, 'hc': 4}) == 'LIMe+HC' and analyze.family({'denseformer': True}) == 'DenseFormer'
     assert analyze.family({'lime': True, 'router': 'first-2', 'hc': 4, 'mhc': 'dynamic'}) == 'LIMe-first-2+mHC-dynamic'
     assert analyze.family({'lime': False}) == 'LLaMA' and analyze.family({'lime': True, 'mudd': True}) == 'LIMe+MUDD'
@@ -195,7 +197,7 @@ def test_relatives_runs_are_named_and_analysed_through_their_stream(tmp_path, an
         with torch.no_grad():
             model(x)
     torch.testing.assert_close(reps['hidden'][-1], seen[0].output().flatten(0, 1))
-    assert relatives.stream is stream  # closed: streams as they were
+    assert model.stream_hooks == [] and not any(b._forward_hooks for b in model.transformer.h)  # closed
 
 
 def test_a_dataset_of_another_vocabulary_is_named_so(tmp_path, analyze_here):

@@ -5,6 +5,7 @@ The step checker here is independent of the generator: it parses both sides
 with Python's own parser (ast) and evaluates with fractions.Fraction.
 """
 import ast
+import contextlib
 import os
 import pickle
 import random
@@ -24,7 +25,7 @@ from nanolime import common  # noqa: E402
 from nanolime import data  # noqa: E402
 import model  # noqa: E402
 from nanolime.common import UserError  # noqa: E402
-from conftest import run_script  # noqa: E402
+from conftest import Terminal, run_script  # noqa: E402
 
 PAPER = '(7+5)/(6+4*3-2*7)=12/(6+4*3-2*7)=12/(6+12-2*7)=12/(18-2*7)=12/(18-14)=12/4=3'
 _BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
@@ -244,19 +245,23 @@ class OracleModel:
         return torch.tensor(rows)
 
 
-def test_evaluate_with_oracle():
+def test_evaluate_with_oracle(capsys):
+    """Scored against the lines, a progress bar on a terminal (none elsewhere: in a sweep's run log, say)."""
     meta = A._meta()
     encode, decode = data.codec(meta)
     rng = random.Random(3)
     lines = [l for n in A.TIERS for l in A.generate(15, n, rng)]
-    res = A.evaluate(OracleModel(lines, meta['stoi'], meta['itos']), lines, encode, decode, batch_size=4)
+    with contextlib.redirect_stderr(Terminal()) as terminal:
+        res = A.evaluate(OracleModel(lines, meta['stoi'], meta['itos']), lines, encode, decode, batch_size=4)
     assert res['accuracy'] == 1.0 and res['n'] == 45
+    assert 'scoring: 100%' in terminal.getvalue() and '45/45' in terminal.getvalue()
     assert all(t['accuracy'] == 1.0 and t['exact_chain'] == 1.0 and t['n'] == 15
                for t in res['per_tier'].values())
     res = A.evaluate(OracleModel(lines, meta['stoi'], meta['itos'], wrong_tier=5), lines, encode, decode,
                      batch_size=4)
     assert res['per_tier']['5']['accuracy'] == 0.0 and res['per_tier']['6']['accuracy'] == 1.0
     assert abs(res['accuracy'] - 2 / 3) < 1e-9
+    assert capsys.readouterr().err == ''  # not a terminal: no bar
 
 
 def run_arithmetic(*args):

@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import bench  # noqa: E402
+from conftest import Terminal  # noqa: E402
 from nanolime.common import UserError  # noqa: E402
 
 TINY = ['--n_layer=2', '--n_embd=32', '--n_head=4', '--vocab_size=64', '--block_size=16', '--batch_size=2',
@@ -275,6 +276,20 @@ def test_every_variant_starts_from_the_baseline_init(variant):
 
 
 # ----------------------------------------------------------------------------- op counts
+def test_the_rounds_show_a_bar_on_a_terminal(monkeypatch):
+    """Warm-up and timed rounds each a progress bar on a terminal, cleared when done."""
+    import contextlib
+    for name, value in dict(warmup=1, iters=2, count_ops=False, block_size=16, batch_size=2).items():
+        monkeypatch.setattr(bench, name, value)
+    x = torch.randint(64, (2, 16))
+    with contextlib.redirect_stderr(Terminal()) as terminal:
+        records = bench.run_setting('mha-eager', 4, None, ['baseline'], SHAPE, [(x, x)] * 4, torch.device('cpu'),
+                                    contextlib.nullcontext(), None)
+    assert len(records) == 1 and len(records[0]['step_ms_samples']) == 2
+    assert 'mha-eager: warm-up:   0%|          | 0/1' in terminal.getvalue()  # drawn; cleared at the end
+    assert 'mha-eager: timed:   0%|          | 0/2' in terminal.getvalue()
+
+
 def test_aten_ops_counts_every_call():
     x = torch.ones(3)
     for n in (1, 3):

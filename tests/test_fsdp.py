@@ -87,20 +87,37 @@ def test_fsdp_trains_as_ddp_resumes_exactly_and_its_checkpoint_is_ddps(data_dir,
 
 
 def test_what_fsdp_does_not_run_is_one_line():
-    """Outside torchrun, Muon, a relative, CompleteP, float16: one error naming it, before any work."""
+    """Outside torchrun, Muon, a relative (named as in its variant name), CompleteP, float16: one error naming
+    it, before any work."""
     from nanolime.common import UserError
     from nanolime import fsdp
+    from nanolime.variants import DEFAULTS, parse_variant
+
+    def config(variant, depth_scaling='standard'):  # train.py's options of a variant
+        return {**DEFAULTS, **parse_variant(variant)[0], 'depth_scaling': depth_scaling}
     with pytest.raises(UserError, match="start it with torchrun"):
-        fsdp.check(False, 'adamw', 'lime', 'standard', torch.float32)
+        fsdp.check(False, 'adamw', config('lime'), torch.float32)
     with pytest.raises(UserError, match="optimizer='adamw' only, not 'muon'"):
-        fsdp.check(True, 'muon', 'lime', 'standard', torch.float32)
-    with pytest.raises(UserError, match="the baseline and LIMe only, not attnres:block and mudd"):
-        fsdp.check(True, 'adamw', 'lime+attnres:block+mudd', 'standard', torch.float32)
-    with pytest.raises(UserError, match="not depth_scaling='completep'"):
-        fsdp.check(True, 'adamw', 'baseline', 'completep', torch.float32)
+        fsdp.check(True, 'muon', config('lime'), torch.float32)
+    with pytest.raises(UserError, match="the baseline and LIMe only, not attnres:block and mudd:prepost: train"):
+        fsdp.check(True, 'adamw', config('lime+attnres:block+mudd:prepost'), torch.float32)
+    with pytest.raises(UserError, match="not mhc:static and hc8 and depth_scaling='completep'"):
+        fsdp.check(True, 'adamw', config('mhc:static+hc8', 'completep'), torch.float32)
     with pytest.raises(UserError, match="float16"):
-        fsdp.check(True, 'adamw', 'lime:first-2@identity', 'standard', torch.float16)
-    fsdp.check(True, 'adamw', 'lime:first-2@identity', 'standard', torch.bfloat16)  # runs
+        fsdp.check(True, 'adamw', config('lime:first-2@identity'), torch.float16)
+    fsdp.check(True, 'adamw', config('lime:first-2@identity'), torch.bfloat16)  # runs
+
+
+def test_a_resume_of_other_parameter_groups_is_refused_before_any_collective():
+    """A checkpoint's optimizer of other groups (LIMe's routers' group against the baseline's): the ValueError
+    that train.py's resume turns into its one line, raised before the ranks exchange anything."""
+    from model import GPT, GPTConfig
+    from nanolime import fsdp
+    lime, baseline = (GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=2, n_head=2, n_embd=16, lime=on))
+                      for on in (True, False))
+    opt, theirs = (m.configure_optimizers(0.1, 1e-3, 1e-2, (0.9, 0.99), 'cpu') for m in (lime, baseline))
+    with pytest.raises(ValueError, match="its groups hold other numbers of parameters"):
+        fsdp.sharded_optimizer_state(lime, opt, theirs.state_dict())
 
 
 @pytest.mark.slow
@@ -183,6 +200,17 @@ def worker():
                     assert close(opt_state['state'][i][k], v, rel=1e-3), (name, i, k)
         else:
             assert states is None
+        # a fresh sharded optimizer resumes from the full state, rank 0's (the others' is not read): every
+        # shard as it was
+        torch.manual_seed(0)
+        again = fsdp.shard(GPT(config), torch.float32)
+        opt = again.configure_optimizers(0.1, 1e-2, 2e-2, (0.9, 0.99), 'cpu')
+        other = optimizers[0].state_dict()
+        other['state'] = {i: {k: torch.full_like(v, 7.0) for k, v in s.items()} for i, s in other['state'].items()}
+        state = fsdp.sharded_optimizer_state(again, opt, states[1][0] if rank == 0 else other)
+        for i, s in optimizers[1].state_dict()['state'].items():
+            for k, v in s.items():
+                assert torch.equal(fsdp.local(state['state'][i][k]), fsdp.local(v)), (name, i, k)
         if rank == 0:
             print(f"{name} matches one process", flush=True)
     # bfloat16 (CUDA's default dtype, here on the CPU): gathered and computed in bf16, gradients reduced and

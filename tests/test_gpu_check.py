@@ -300,7 +300,7 @@ def test_missing_requirements_names_only_what_the_stages_need(monkeypatch):
     import importlib.util
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name: None)
     missing = gpu_check.missing_requirements()
-    assert {'numpy', 'tiktoken', 'pytest', 'pytest-xdist'} <= set(missing)
+    assert {'numpy', 'scipy', 'tiktoken', 'pytest', 'pytest-xdist'} <= set(missing)
     assert 'datasets' not in missing and 'matplotlib' not in missing
 
 

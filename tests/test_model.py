@@ -175,9 +175,9 @@ def test_the_model_is_built_on_the_default_device():
 def test_causality(kw):
     model = scramble(build(**kw))
     for module in model.modules():  # make HC and mHC non-trivial too
-        if isinstance(module, relatives.HyperConnection) and module.dynamic:
+        if isinstance(module, relatives.hyper_connections.HyperConnection) and module.dynamic:
             torch.nn.init.normal_(module.dynamic_alpha.weight, std=0.5)
-        elif isinstance(module, relatives.DynamicMHC):
+        elif isinstance(module, relatives.hyper_connections.DynamicMHC):
             torch.nn.init.normal_(module.phi_res.weight, std=0.5)
     x = torch.randint(0, V, (2, 16))
     x2 = x.clone()

@@ -302,8 +302,9 @@ def test_config_errors(tmp_path, run_here):
 def test_imports_point_one_way():
     """model.py imports nothing of the repository: it stands alone. relatives/ extends it (imports model.py only).
     The scripts use nanolime/'s common.py, checkpoint.py, data.py and variants.py; common.py imports none of the
-    repository's modules, checkpoint.py, data.py and variants.py only common.py (checkpoint.py the model's files
-    too, to build the model), the scripts' libraries only those (study/representations.py: the model's files;
+    repository's modules, checkpoint.py and data.py only common.py (checkpoint.py the model's files too, to build
+    the model), variants.py common.py and the relatives' registry (the components it names), the scripts'
+    libraries only those (study/representations.py: the model's files;
     nanolime/sweep_*.py: one another; sweep_stats.py nothing), and no module of the repository imports itself back
     through others."""
     graph = {}
@@ -322,7 +323,8 @@ def test_imports_point_one_way():
     assert graph['model'] == set() and graph['relatives'] - package == {'model'} and graph['nanolime.common'] == set()
     assert package and all(graph[m] <= package | {'model'} for m in package)
     assert graph['nanolime.checkpoint'] <= {'nanolime.common', 'model', 'relatives'}
-    assert graph['nanolime.data'] == graph['nanolime.variants'] == {'nanolime.common'}
+    assert graph['nanolime.data'] == {'nanolime.common'}
+    assert graph['nanolime.variants'] == {'nanolime.common', 'relatives', 'relatives.base'}
     assert graph['study.representations'] <= {'model', 'relatives'} and graph['nanolime.sweep_stats'] == set()
     sweep = {m for m in graph if m.startswith('nanolime.sweep_') and m != 'nanolime.sweep_runs'}  # the report's
     assert len(sweep) == 5 and all(graph[m] <= sweep for m in sweep)

@@ -92,7 +92,7 @@ def test_attnres_matches_the_equation(n_layer, attnres, m):
     """The model's two-phase AttnRes against the naive one: logits and every gradient (pseudo-queries,
     key gains, the final blend's, every projection, the embedding)."""
     model = scramble(build(n_layer=n_layer, attnres=attnres))
-    assert R.attnres_block_sublayers(attnres, n_layer) == m
+    assert R.attnres.attnres_block_sublayers(attnres, n_layer) == m
     assert_matches(model, lambda model, x, y: naive_attnres(model, x, y, m)[:2])
 
 
@@ -156,13 +156,13 @@ def test_sinkhorn_gives_the_doubly_stochastic_scaling_of_exp():
     but not this)."""
     torch.manual_seed(0)
     logits = torch.randn(5, 3, 4, 4, dtype=torch.float64)
-    P = R.sinkhorn(logits)
+    P = R.hyper_connections.sinkhorn(logits)
     assert P.min() > 0
     assert (P.sum(-1) - 1).abs().max() <= 1e-5 and (P.sum(-2) - 1).abs().max() <= 1e-12
     X = P.log() - logits  # log r_i + log c_j: double-centred, nothing is left
     X = X - X.mean(-1, keepdim=True) - X.mean(-2, keepdim=True) + X.mean((-2, -1), keepdim=True)
     assert X.abs().max() <= 1e-10
-    torch.testing.assert_close(R.sinkhorn(logits + 100.0), P)  # the shift before exp cancels
+    torch.testing.assert_close(R.hyper_connections.sinkhorn(logits + 100.0), P)  # the shift before exp cancels
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -185,7 +185,7 @@ def test_every_mhc_residual_matrix_is_doubly_stochastic(dynamic, monkeypatch):
         assert res.min() >= 0
         assert (res.sum(-1) - 1).abs().max() <= 1e-5 and (res.sum(-2) - 1).abs().max() <= 1e-5
         assert 0 < alpha[..., 0].min() and alpha[..., 0].max() < 1 and 0 < beta.min() and beta.max() < 2
-    monkeypatch.setattr(R.sinkhorn, "__defaults__", (1,))
+    monkeypatch.setattr(R.hyper_connections.sinkhorn, "__defaults__", (1,))
     alpha, _ = model.transformer.h[1].hc_mlp.coefficients(torch.randn(2, 16, 4, 32))
     assert (alpha[..., 1:].sum(-1) - 1).abs().max() > 1e-3
 
@@ -199,7 +199,7 @@ def test_mhc_without_its_constraint_is_hc(dynamic):
     x = torch.randint(0, V, (2, 16))
     assert (mhc(x, x)[0] - hc(x, x)[0]).abs().max() > 1e-3
     for module in mhc.modules():
-        if isinstance(module, R.HyperConnection):
+        if isinstance(module, R.hyper_connections.HyperConnection):
             module.mhc = False
     assert torch.equal(mhc(x, x)[0], hc(x, x)[0])
 
@@ -478,7 +478,7 @@ def test_mixing_runs_in_float32_under_bf16_autocast(kw, monkeypatch):
         return torch.stack(reads + [out.float()])
 
     reads, ys = [], None
-    monkeypatch.setattr(R.muddformer, "mudd_attention", lambda attn, x_q, *args: attn(x_q))  # MUDD: a sub-layer
+    monkeypatch.setattr(R.muddformer.MUDDStream, "attention", lambda self, attn, x_q, *args: attn(x_q))  # MUDD: a sub-layer
     with torch.no_grad():
         want = run()
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -746,12 +746,12 @@ def test_moda_init_and_counts():
     w = torch.cat([b.mlp.moda_kv.weight.flatten() for b in moda.transformer.h[:-1]])
     assert abs(w.std().item() - 0.02) < 0.002
     x = torch.randint(0, V, (2, T))
-    depth_reads, attend = [], R.DepthKV.attend
+    depth_reads, attend = [], R.moda.DepthKV.attend
     def spy(self, attn, q, *args):  # records the depth keys each attention layer reads
         depth_reads.append(q.numel() * len(self.k))  # (queries x d_h) x depth keys
         return attend(self, attn, q, *args)
     with FlopCounterMode(display=False) as counter, pytest.MonkeyPatch.context() as mp:
-        mp.setattr(R.DepthKV, "attend", spy)
+        mp.setattr(R.moda.DepthKV, "attend", spy)
         moda(x, x)
     assert len(depth_reads) == L and depth_reads[0] == 0  # layer 0 has no earlier sub-layer
     assert counter.get_total_flops() + 2 * 2 * sum(depth_reads) == moda.flops_per_token(T) * 2 * T  # logits, values
@@ -1050,7 +1050,7 @@ def test_completep_scales_every_sub_layer_output_by_base_over_depth(kw):
     its naive form with every source scaled), logits and every gradient; the standard model is not that function."""
     model = scramble(build(**completep(depth_base=2, **kw)))
     if kw.get("attnres"):
-        m = R.attnres_block_sublayers(kw["attnres"], 4)
+        m = R.attnres.attnres_block_sublayers(kw["attnres"], 4)
         reference = lambda model, x, y: naive_attnres(model, x, y, m, branch=0.5)[:2]  # noqa: E731
     else:
         reference = lambda model, x, y: naive_completep(model, x, y, branch=0.5)  # noqa: E731
@@ -1123,22 +1123,17 @@ def test_completep_travels_with_its_config():
 
 
 def test_every_relative_option_is_a_train_option():
-    """train.py's globals are its options (nanoGPT's config; --help lists them with their comments): every
-    relative's option, and CompleteP's, is one of them, with the registry's default. A relative added to the
-    registry without its line in train.py fails here (train.py would refuse its option as unknown)."""
-    import ast
-    import os
-    from conftest import REPO
-    with open(os.path.join(REPO, "train.py")) as f:
-        tree = ast.parse(f.read())
-    train = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
-             if isinstance(t, ast.Name)}
-    options = {name: default for relative in R.RELATIVES for name, default in relative.options.items()}
-    options.update(R.completep.OPTIONS)
-    assert len(options) > len(R.RELATIVES)  # every relative's switch at least, and CompleteP's two
+    """train.py's globals are its options (nanoGPT's config; --help lists them): every relative's option, and
+    CompleteP's, is one of them, with the registry's default, in the registry's order after LIMe's."""
+    from conftest import script_here
+    code, out, _ = script_here("train.py", "--help")
+    listed = [line.split(" = ")[0].strip() for line in out.splitlines() if line.startswith("  ") and " = " in line]
+    options = {**R.OPTIONS, **R.completep.OPTIONS}
+    assert code == 0 and len(R.OPTIONS) > len(R.RELATIVES)  # every relative's switch at least
+    start = listed.index("router_init") + 1
+    assert listed[start:start + len(options)] == list(options)
     for name, default in options.items():
-        assert name in train, f"train.py has no option {name!r} (relatives/: default {default!r})"
-        assert ast.literal_eval(train[name]) == default, name
+        assert f"  {name:<{len(max(listed, key=len))}} = {default!r}" in out, name
 
 
 @pytest.mark.parametrize("component", [c for c in VARIANT_COMPONENTS if c not in ("baseline", "lime")])
@@ -1146,12 +1141,89 @@ def test_fsdp_refuses_every_relative_by_its_name(component, data_dir, tmp_path, 
     """train.py --fsdp=True (one rank, as torchrun sets it) with each relative's variant: refused before any work,
     the relative named. train.py names the variant from every option the grammar takes, so a new relative's
     option cannot be left out of what FSDP checks. Every relative of the registry has a variant here."""
-    assert {R.switch(r) for r in R.RELATIVES} <= {k for opts in VARIANT_COMPONENTS.values() for k in opts}
+    assert {R.switch(r) for r in R.RELATIVES} <= {k for c in VARIANT_COMPONENTS.values() for k in c.options}
     torchrun = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
     for k, v in torchrun.items():
         monkeypatch.setenv(k, v)
-    options = [f"--{k}={v}" for k, v in VARIANT_COMPONENTS[component].items()]
+    options = [f"--{k}={v}" for k, v in VARIANT_COMPONENTS[component].options.items()]
     error = error_of(run_here, "train.py", "--device=cpu", "--lime=False", "--n_layer=2", "--n_embd=32",
                      f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'out'}", "--fsdp=True", *options)
     assert f"shards the baseline and LIMe only, not {component}" in error
     assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- a new relative: a file and a line
+TOY = '''"""Toy: each block's output times a learned gain (a relative made by the registry's test)."""
+import torch
+import torch.nn as nn
+
+from .base import Component, Relative, Stream
+
+OPTIONS = dict(toy=False)  # each block's output times a learned gain
+
+
+def attach(model):
+    model.toy_gain = nn.Parameter(torch.ones(model.config.n_layer))
+
+
+class ToyStream(Stream):
+    def __init__(self, model, x):
+        self.gain, self.x, self.sub = model.toy_gain, x, 0
+
+    def read(self):
+        return self.x
+
+    def write(self, y):
+        self.x, self.sub = self.x + self.gain[self.sub // 2] * y, self.sub + 1
+
+    def output(self):
+        return self.x
+
+
+RELATIVE = Relative(family=lambda config: "Toy", options=OPTIONS, stream=ToyStream,
+                    flops=lambda config, T: 0, attach=attach, components={"toy": Component({"toy": True})})
+'''
+
+
+@pytest.mark.slow
+def test_a_new_relative_is_a_file_and_a_registry_line(data_dir, tmp_path):
+    """In a copy of the repository, relatives/toy.py and one line in the registry make a relative that train.py
+    trains (its option, its weight in the checkpoint, its variant name in the log), sweep.py and bench.py run by
+    its variant name, study.analyze names (its family) and records through its stream, and train.py --fsdp=True
+    refuses by name."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from conftest import REPO, TINY_RUN, child_env
+    repo = tmp_path / "repo"
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    for name in tracked:
+        if not name.startswith(("tests/", "experiments/", "dev/")):
+            os.makedirs(repo / os.path.dirname(name), exist_ok=True)
+            shutil.copy(os.path.join(REPO, name), repo / name)
+    (repo / "relatives" / "toy.py").write_text(TOY)
+    registry = (repo / "relatives" / "__init__.py").read_text()
+    line = "from .depth_attention import RELATIVE as DEPTH_ATTENTION\n"
+    (repo / "relatives" / "__init__.py").write_text(registry.replace(line, line + "from .toy import RELATIVE as TOY\n"))
+
+    def run(*args, **env):
+        return subprocess.run([sys.executable, *args], cwd=repo, env=child_env(**env), capture_output=True,
+                              text=True, timeout=600)
+
+    small = [*TINY_RUN, f"--data_dir={data_dir}", "--max_iters=2", "--eval_interval=2", "--lime=False"]
+    p = run("sweep.py", "--depths=2", "--variants=toy", "--seeds=0", f"--out_dir={tmp_path}", "--plot=False", *small)
+    out = tmp_path / "toy-L2-s0"  # the sweep's run: train.py's, with toy=True
+    assert p.returncode == 0 and "toy" in (tmp_path / "sweep.csv").read_text(), p.stderr
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    assert ckpt["config"]["toy"] is True and (ckpt["model"]["toy_gain"] != 1).all()  # trained
+    p = run("bench.py", "--variants=baseline,toy", "--n_layer=2", "--n_embd=32", "--block_size=16",
+            "--batch_size=2", "--warmup=1", "--iters=1", "--device=cpu", "--count_ops=False")
+    assert p.returncode == 0 and " toy " in p.stdout, p.stderr
+    p = run("-m", "study.analyze", str(out), f"--data_dir={data_dir}", "--num_tokens=64", "--max_per_word=10")
+    analysis = json.loads((out / "analysis.json").read_text())
+    assert p.returncode == 0 and analysis["family"] == "Toy" and len(analysis["entropy"]["hidden"]) == 2, p.stderr
+    p = run("train.py", *small, f"--out_dir={tmp_path / 'fsdp'}", "--toy=True", "--fsdp=True", RANK=0, LOCAL_RANK=0,
+            WORLD_SIZE=1, MASTER_ADDR="127.0.0.1", MASTER_PORT=29500)
+    assert p.returncode == 1 and "shards the baseline and LIMe only, not toy:" in p.stderr, p.stderr

@@ -1,6 +1,7 @@
 """Tests for study/representations.py: the Renyi entropy, the router map and the linear probe against values
 worked out by hand, and the Recorder against the model's own computation (study/analyze.py end to end:
 test_analyze.py)."""
+import contextlib
 import math
 import os
 import sys
@@ -14,6 +15,7 @@ sys.path.insert(0, ROOT)
 from study import representations  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from relatives import RelativesConfig, build_model  # noqa: E402
+from conftest import Terminal  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- entropy
@@ -130,8 +132,10 @@ def test_recorder_captures_w_v_and_block_outputs():
     model, cfg = tiny(n_layer=2)
     idx = torch.randint(0, 30, (2, 10))
     rec = representations.Recorder(model)
-    reps = rec.run(idx)
+    with contextlib.redirect_stderr(Terminal()) as terminal:  # a progress bar on a terminal
+        reps = rec.run(idx, batch_size=1)
     rec.close()
+    assert 'recording:   0%|          | 0/2' in terminal.getvalue()  # drawn at its start; cleared at the end
     with torch.no_grad():
         x = model.transformer.wte(idx)
         h0 = model.transformer.h[0]

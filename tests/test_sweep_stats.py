@@ -44,20 +44,28 @@ def test_paired_t_test_p_by_hand():
     assert t_test_p(diffs_with_t(-2.0, 5)) == pytest.approx(1 - math.sqrt(0.5) * 1.25)  # 0.1161, either sign
     # at the tabulated 95% quantile of every degrees of freedom the interval's edge touches 0: p = 0.05
     for n in range(2, 32):
-        p = t_test_p(diffs_with_t(sweep_stats.T95[n - 2], n))
+        p = t_test_p(diffs_with_t(sweep_stats.t95(n - 1), n))
         assert p == pytest.approx(0.05, abs=2e-4), n
-        assert t_test_p(diffs_with_t(sweep_stats.T95[n - 2] * 0.95, n)) > 0.05  # inside the interval
-        assert t_test_p(diffs_with_t(sweep_stats.T95[n - 2] * 1.05, n)) < 0.05
+        assert t_test_p(diffs_with_t(sweep_stats.t95(n - 1) * 0.95, n)) > 0.05  # inside the interval
+        assert t_test_p(diffs_with_t(sweep_stats.t95(n - 1) * 1.05, n)) < 0.05
     assert t_test_p(diffs_with_t(1.96, 1000)) == pytest.approx(0.05, abs=1e-3)  # many seeds: the normal's 1.96
     assert t_test_p(diffs_with_t(1.96, 1001)) == pytest.approx(0.05, abs=1e-3)
     assert math.isnan(t_test_p([0.1]))  # one seed: no test
     assert t_test_p([0.1, 0.1, 0.1]) == 0.0 and t_test_p([0.0, 0.0]) == 1.0  # no spread
 
 
-def test_t_p_at_the_table_s_quantiles():
-    """P(|T| >= t_0.975) = 0.05 for every tabulated degree of freedom (the table is rounded to 3 decimals)."""
-    for nu, t in enumerate(sweep_stats.T95, 1):
+# two-sided 95% quantiles of Student's t for 1..30 degrees of freedom, as a printed t table gives them
+T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def test_the_95_quantiles_are_a_t_table_s():
+    """t95 is the table every interval of this repository was made with (3 decimals), and P(|T| >= t_0.975)
+    = 0.05 at each of its quantiles (to their rounding)."""
+    assert [sweep_stats.t95(nu) for nu in range(1, 31)] == T95
+    for nu, t in enumerate(T95, 1):
         assert sweep_stats.t_p(t * 0.5, 0.5, nu) == pytest.approx(0.05, abs=2e-4)
+    assert sweep_stats.t95(2000) == 1.961  # the normal's 1.960, nearly
 
 
 def test_slope_and_its_interval_against_the_normal_equations():
@@ -100,17 +108,6 @@ def test_holm_by_hand():
     assert holm([0.2]) == [0.2] and holm([]) == []
 
 
-def test_t_quantiles_against_a_t_table():
-    """t_quantile inverts t_p: the 97.5 % and 80 % quantiles of Student's t as a printed t table gives them
-    (3 decimals), and the normal's beyond."""
-    for nu, t in enumerate(sweep_stats.T95, 1):
-        assert sweep_stats.t_quantile(0.975, nu) == pytest.approx(t, abs=6e-4), nu
-    for nu, t in {1: 1.376, 2: 1.061, 4: 0.941, 5: 0.920, 8: 0.889, 10: 0.879, 16: 0.865, 30: 0.854}.items():
-        assert sweep_stats.t_quantile(0.8, nu) == pytest.approx(t, abs=6e-4), nu
-    assert sweep_stats.t_quantile(0.8, 2000) == pytest.approx(0.8416, abs=1e-3)  # the normal's
-    assert sweep_stats.t_quantile(0.5, 3) == pytest.approx(0.0, abs=1e-9)
-
-
 def test_the_detectable_slope_by_hand():
     """The slope of the normal-equations test above, 8 degrees of freedom: a two-sided test at 0.05 detects, at 80 %
     power, (t_0.975,8 + t_0.8,8) x SE = (2.306 + 0.889) x SE."""
@@ -123,4 +120,6 @@ def test_the_detectable_slope_by_hand():
     assert sweep_stats.slope_fit(xs, ys) == pytest.approx((b, se, 8))
     assert sweep_stats.detectable(se, 8) == pytest.approx((2.306 + 0.889) * se, rel=5e-4)
     assert sweep_stats.detectable(se, 8, power=0.5) == pytest.approx(2.306 * se, rel=5e-4)  # t_0.5 = 0
+    for nu, t80 in {1: 1.376, 2: 1.061, 4: 0.941, 16: 0.865, 30: 0.854, 2000: 0.842}.items():  # a t table's
+        assert sweep_stats.detectable(1.0, nu) == pytest.approx(sweep_stats.t95(nu) + t80, abs=1e-3), nu
     assert math.isnan(sweep_stats.detectable(math.nan, 0)) and math.isnan(sweep_stats.slope_fit([1.0, 2.0], [0, 1])[1])
