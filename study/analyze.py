@@ -111,7 +111,7 @@ def write_csv(path, header, rows):
 
 def plot_router_map(plt, M, title, path):
     L = M.shape[0]
-    fig, ax = plt.subplots(figsize=(1 + 0.5 * L, 0.8 + 0.45 * L))
+    fig, ax = plt.subplots(figsize=(max(4.5, 1 + 0.5 * L), max(3.5, 0.8 + 0.45 * L)))  # room for the title
     masked = np.ma.masked_where(np.triu(np.ones_like(M), 1) > 0, M)
     im = ax.imshow(masked, cmap='viridis', vmin=0, vmax=1, origin='upper')
     if L <= 16:
@@ -329,7 +329,7 @@ if __name__ == '__main__':
                       [[layer] + [f'{x:.6f}' for x in M[layer]] for layer in range(len(M))])
             if plt is not None:
                 shape = f"{res['model_args'].get('n_layer')} layers x {res['model_args'].get('n_embd')}"
-                plot_router_map(plt, M, f"{res['family']}, {shape}: normalised mean |router| weight",
+                plot_router_map(plt, M, f"{res['family']}, {shape}\nnormalised mean |router| weight",
                                 run_path(i, 'router_map.png'))
         msg = [f'{names[i]} ({res["family"]}, {res["model_args"].get("n_layer")} layers)']
         for kind, v in (res.get('entropy') or {}).items():

@@ -134,7 +134,7 @@ def test_analyze_end_to_end(tmp_path, analyze_here, monkeypatch):
     assert (tmp_path / 'out-lime' / 'analysis.json').exists()
     assert (tmp_path / 'out-lime' / 'router_map.csv').exists()
     # the router map names the model it is of, not the folder it was in
-    want = 'LIMe, 3 layers x 32: normalised mean |router| weight'
+    want = 'LIMe, 3 layers x 32\nnormalised mean |router| weight'
     assert [t for t in titles if 'router' in t] == [want] * 2 * have_plt
 
 
@@ -238,3 +238,23 @@ def test_the_renyi_order_is_named_as_what_it_is(arg, message, tmp_path, run_here
     assert str(e.value) == message
     with pytest.raises(common.UserError, match="^unknown config key 'alpha'"):
         run_here('study/analyze.py', str(tmp_path), '--alpha=2')
+
+
+def test_the_router_map_shows_its_whole_title(tmp_path):
+    """A shallow model's map (2 and 4 layers) is drawn on a figure wide enough for its title."""
+    plt = pytest.importorskip('matplotlib.pyplot')
+    for L in (2, 4):
+        path = tmp_path / f'map{L}.png'
+        closed = []
+        real_close = plt.close
+        plt.close = lambda fig: closed.append(fig)  # keep the figure to measure it
+        try:
+            analyze.plot_router_map(plt, np.tril(np.ones((L, L))) / np.arange(1, L + 1)[:, None],
+                                    'LIMe, 4 layers x 128\nnormalised mean |router| weight', path)
+        finally:
+            plt.close = real_close
+        fig = closed[0]
+        title = fig.axes[0].title.get_window_extent(fig.canvas.get_renderer())
+        box = fig.bbox
+        assert path.exists() and box.x0 <= title.x0 and title.x1 <= box.x1, (L, title, box)
+        real_close(fig)

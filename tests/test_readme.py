@@ -21,6 +21,8 @@ SKIPPED = [
     ('python -m pytest', "the tests themselves"),
     ('torchrun ', "several processes on GPUs or machines (DDP on a CPU: tests/test_train.py)"),
     ('python -m integrations.eval', "lm-eval and its tasks from the Hugging Face hub (the network)"),
+    ('prepare.py fineweb_edu', "downloads FineWeb-Edu from the Hugging Face hub (the network)"),
+    ('config/train_gpu_check.py', "made for one CUDA GPU: on a CPU its 30M parameters in bf16 take minutes"),
     ('lime:<yours>', "the router the reader writes"),
 ]
 

@@ -25,8 +25,8 @@ import pytest
 import torch
 import torch.distributed
 
-from conftest import (OPTIMIZERS, REPO, TINY_RUN, ckpt_of, error_of, fails, files, interrupted, launch_ranks, log_iters,
-                      ok, patched, run, run_script, script_here, train)
+from conftest import (MUON, OPTIMIZERS, REPO, TINY_RUN, ckpt_of, error_of, fails, files, interrupted, launch_ranks,
+                      log_iters, ok, patched, run, run_script, script_here, train)
 from nanolime import checkpoint
 from nanolime import common
 import model
@@ -882,8 +882,9 @@ def test_a_resume_says_and_logs_what_it_changes(data_dir, tmp_path, run_here, ca
     ('--router_init=identity', "the model differs (router_init: 'paper' in the checkpoint, 'identity' now; a resume "
                                "continues the run the checkpoint holds); resume with --router_init=paper, or train "
                                "into another out_dir"),
-    ('--optimizer=muon', "the run differs (optimizer: 'adamw' in the checkpoint, 'muon' now; a resume continues the "
-                         "run the checkpoint holds); resume with --optimizer=adamw, or train into another out_dir")])
+    pytest.param('--optimizer=muon', "the run differs (optimizer: 'adamw' in the checkpoint, 'muon' now; a "
+                 "resume continues the run the checkpoint holds); resume with --optimizer=adamw, or train into "
+                 "another out_dir", marks=MUON)])
 def test_a_resume_refuses_what_made_the_run(arg, message, run_copy, data_dir):
     """The seed (of the init, the data order and the evaluation batches) and the model's init are the run's: a
     resume that would change them is refused in one line saying which option to give, the run's files as they were."""
