@@ -491,27 +491,6 @@ def _copied_lines(ckpt):
                                       if _logged_iter(line) <= ckpt['iter_num']]
 
 
-def restore_log(out_dir):
-    """out_dir's log.jsonl made whole again from the copy its checkpoint holds, for a run that
-    nothing resumes (sweep.py's finished runs): the copy's records, then the file's past the
-    checkpoint (a run that does not save at its end logs its last evaluation after its last
-    checkpoint). True if the file was written (a line, or the file, lost or damaged), False if it
-    was whole or the checkpoint holds no copy. UserError as load_checkpoint's, if log.jsonl is no
-    plain file, or if it cannot be written."""
-    path = os.path.join(out_dir, 'log.jsonl')
-    if not_own_file(path):
-        raise UserError(not_own_file(path))
-    ckpt, lines = load_checkpoint(os.path.join(out_dir, CKPT_NAME), verify=False), _log_lines(path)
-    copy = _copied_lines(ckpt)
-    if copy is None:
-        return False
-    whole = copy + [line for line in lines if ckpt['iter_num'] < _logged_iter(line) < math.inf]
-    if whole == lines:
-        return False
-    atomic_write(path, lambda f: f.write(''.join(whole).encode()))
-    return True
-
-
 def _log_lines(path):
     """The lines of a log.jsonl (each with its newline, a last one cut short without), bytes that
     are no UTF-8 replaced; [] if there is no such file (nor for a named pipe: reading it would wait

@@ -554,18 +554,3 @@ def test_a_log_of_binary_bytes_is_named_and_made_whole_on_resume(run_copy, data_
         checkpoint.read_log(run_copy)
     assert train(data_dir, run_copy, '--init_from=resume', '--max_iters=4') == 0
     assert open(log, 'rb').read() == whole
-
-
-def test_restore_log_makes_a_finished_run_s_log_whole_from_its_checkpoint(run_copy):
-    """checkpoint.restore_log (for sweep.py, whose finished runs nothing resumes): a log that lost its last line,
-    or is gone, is written again from the checkpoint's copy, with what the file has past the checkpoint."""
-    log = os.path.join(run_copy, 'log.jsonl')
-    whole = open(log).read()
-    assert checkpoint.restore_log(run_copy) is False and open(log).read() == whole
-    open(log, 'w').write(whole[:whole.rindex('{')])  # the last line lost
-    assert checkpoint.restore_log(run_copy) is True and open(log).read() == whole
-    os.remove(log)
-    assert checkpoint.restore_log(run_copy) is True and open(log).read() == whole
-    later = '{"iter": 5, "val_loss": 1.0}\n'  # logged after the last checkpoint (always_save_checkpoint=False)
-    open(log, 'w').write(whole.replace(whole.splitlines(True)[1], '') + later)
-    assert checkpoint.restore_log(run_copy) is True and open(log).read() == whole + later
